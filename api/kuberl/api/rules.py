@@ -1,0 +1,306 @@
+"""The one rules table: cross-field admission rules for an RLJob.
+
+Each rule is a CEL expression that must hold. The same text becomes the CRD's
+`x-kubernetes-validations` (checked by the apiserver at `kubectl apply`) and is evaluated
+in Python by `kuberl validate`, the operator and the trainer; `docs/api.md` lists it.
+
+Rules on `spec` see the spec as `self`; rules on the object root see the whole RLJob and,
+for transition rules, the stored object as `oldSelf`. Messages are templates whose
+`${expr}` parts are CEL evaluated on the same `self`, so the apiserver and Python print
+the same numbers. Upper-case words in rules and messages are macros (see `MACROS`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from kuberl.api.status import ACTIVE_PHASES
+
+MACROS: dict[str, str] = {
+    "DP": "(self.cluster.trainer.nodes * self.cluster.trainer.gpusPerNode)",
+    "RESPONSES": "(self.batch.trainBatchSize * self.batch.rolloutN)",
+    "MINI_RESPONSES": "(self.batch.ppoMiniBatchSize * self.batch.rolloutN)",
+    "ROLLOUT_GPUS": (
+        "(self.rollout.placement == 'separate' && has(self.cluster.rollout)"
+        " ? self.cluster.rollout.nodes * self.cluster.rollout.gpusPerNode"
+        " : self.cluster.trainer.nodes * self.cluster.trainer.gpusPerNode)"
+    ),
+    "DYNAMIC": "self.batch.dynamicBatchSize.enabled",
+    "SEQ_LEN": "(self.data.maxPromptLength + self.data.maxResponseLength)",
+    "ACTIVE_PHASES": "[" + ", ".join(f"'{p}'" for p in sorted(ACTIVE_PHASES)) + "]",
+}
+
+# vLLM's largest supported LoRA rank (its max_lora_rank choices end at 512).
+VLLM_MAX_LORA_RANK = 512
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    field: str
+    """Path of the field the error is reported on, relative to the rule's scope."""
+    rule: str
+    message: str
+    verl: str
+    """The verl rule it mirrors (reference/verl.md §2.2), or "ours"."""
+    scope: Literal["spec", "root"] = "spec"
+
+    @property
+    def cel(self) -> str:
+        return expand(self.rule)
+
+    @property
+    def message_expression(self) -> str:
+        return message_to_cel(self.message)
+
+    @property
+    def static_message(self) -> str:
+        """The message with each `${expr}` shown as `<expr>`: the apiserver's fallback text."""
+        return _TEMPLATE.sub(lambda m: "<" + m.group(1).replace("self.", "") + ">", self.message)
+
+    @property
+    def transition(self) -> bool:
+        return "oldSelf" in self.rule
+
+    @property
+    def path(self) -> str:
+        """The reported field as a path from the object root."""
+        return f"spec.{self.field}" if self.scope == "spec" else self.field
+
+
+_MACRO = re.compile(r"\b(" + "|".join(MACROS) + r")\b")
+_TEMPLATE = re.compile(r"\$\{(.+?)\}")
+
+
+def expand(expr: str) -> str:
+    return _MACRO.sub(lambda m: MACROS[m.group(1)], expr)
+
+
+def message_to_cel(template: str) -> str:
+    """`"a ${x} b"` → `'a ' + string(x) + ' b'`."""
+    parts: list[str] = []
+    pos = 0
+    for m in _TEMPLATE.finditer(template):
+        if m.start() > pos:
+            parts.append(_cel_string(template[pos : m.start()]))
+        parts.append(f"string({expand(m.group(1))})")
+        pos = m.end()
+    if pos < len(template):
+        parts.append(_cel_string(template[pos:]))
+    return " + ".join(parts)
+
+
+def _cel_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        id="responses-divisible-by-dp",
+        field="batch.trainBatchSize",
+        rule="RESPONSES % DP == 0",
+        message="batch.trainBatchSize × rolloutN = ${RESPONSES} responses per step is not divisible by "
+        "${DP} trainer GPUs (cluster.trainer.nodes × gpusPerNode)",
+        verl="R1",
+    ),
+    Rule(
+        id="mini-batch-within-train-batch",
+        field="batch.ppoMiniBatchSize",
+        rule="self.batch.ppoMiniBatchSize <= self.batch.trainBatchSize",
+        message="batch.ppoMiniBatchSize = ${self.batch.ppoMiniBatchSize} prompts exceeds "
+        "batch.trainBatchSize = ${self.batch.trainBatchSize} prompts per step",
+        verl="R3",
+    ),
+    Rule(
+        id="mini-batches-whole",
+        field="batch.ppoMiniBatchSize",
+        rule="self.batch.ppoMiniBatchSize > self.batch.trainBatchSize"
+        " || self.batch.trainBatchSize % self.batch.ppoMiniBatchSize == 0",
+        message="batch.trainBatchSize = ${self.batch.trainBatchSize} is not a multiple of batch.ppoMiniBatchSize = "
+        "${self.batch.ppoMiniBatchSize}: verl would run a smaller last mini-batch",
+        verl="ours",
+    ),
+    Rule(
+        id="mini-batch-divisible-by-dp",
+        field="batch.ppoMiniBatchSize",
+        rule="MINI_RESPONSES % DP == 0",
+        message="batch.ppoMiniBatchSize × rolloutN = ${MINI_RESPONSES} is not divisible by ${DP} trainer GPUs "
+        "(verl floors it to ${MINI_RESPONSES / DP} per GPU)",
+        verl="R6",
+    ),
+    Rule(
+        id="micro-batch-required",
+        field="batch.ppoMicroBatchSizePerGPU",
+        rule="DYNAMIC || has(self.batch.ppoMicroBatchSizePerGPU)",
+        message="batch.ppoMicroBatchSizePerGPU is required unless batch.dynamicBatchSize.enabled is true",
+        verl="R4",
+    ),
+    Rule(
+        id="micro-batch-divides-mini-batch",
+        field="batch.ppoMicroBatchSizePerGPU",
+        rule="DYNAMIC || !has(self.batch.ppoMicroBatchSizePerGPU) || MINI_RESPONSES % DP != 0"
+        " || (MINI_RESPONSES / DP) % self.batch.ppoMicroBatchSizePerGPU == 0",
+        message="per-GPU mini-batch of ${MINI_RESPONSES / DP} responses (ppoMiniBatchSize × rolloutN / ${DP} GPUs) "
+        "is not divisible by batch.ppoMicroBatchSizePerGPU = ${self.batch.ppoMicroBatchSizePerGPU}",
+        verl="R6",
+    ),
+    Rule(
+        id="critic-micro-batch-divides-mini-batch",
+        field="critic.ppoMicroBatchSizePerGPU",
+        rule="!has(self.critic) || !has(self.critic.ppoMicroBatchSizePerGPU) || DYNAMIC || MINI_RESPONSES % DP != 0"
+        " || (MINI_RESPONSES / DP) % self.critic.ppoMicroBatchSizePerGPU == 0",
+        message="per-GPU mini-batch of ${MINI_RESPONSES / DP} responses is not divisible by "
+        "critic.ppoMicroBatchSizePerGPU = ${self.critic.ppoMicroBatchSizePerGPU}",
+        verl="R6",
+    ),
+    Rule(
+        id="token-budget-fits-sequence",
+        field="batch.dynamicBatchSize.maxTokenLenPerGPU",
+        rule="!DYNAMIC || self.batch.dynamicBatchSize.maxTokenLenPerGPU >= SEQ_LEN",
+        message="batch.dynamicBatchSize.maxTokenLenPerGPU = ${self.batch.dynamicBatchSize.maxTokenLenPerGPU} is below "
+        "data.maxPromptLength + maxResponseLength = ${SEQ_LEN}: one sequence would not fit a micro-batch",
+        verl="R10",
+    ),
+    Rule(
+        id="rollout-gpus-divisible-by-tp",
+        field="rollout.tensorParallelSize",
+        rule="ROLLOUT_GPUS % self.rollout.tensorParallelSize == 0",
+        message="${ROLLOUT_GPUS} rollout GPUs are not divisible by rollout.tensorParallelSize = "
+        "${self.rollout.tensorParallelSize}",
+        verl="R11",
+    ),
+    Rule(
+        id="dual-clip-above-one",
+        field="algorithm.clipRatioC",
+        rule="self.algorithm.clipRatioC > 1.0",
+        message="algorithm.clipRatioC = ${self.algorithm.clipRatioC} must be greater than 1 (dual-clip lower bound)",
+        verl="R8",
+    ),
+    Rule(
+        id="val-sampling-needs-temperature",
+        field="rollout.val.temperature",
+        rule="!self.rollout.val.doSample || self.rollout.val.temperature > 0.0",
+        message="rollout.val.doSample is true but rollout.val.temperature is ${self.rollout.val.temperature}; "
+        "sampling needs a temperature above 0",
+        verl="R14",
+    ),
+    Rule(
+        id="adaptive-kl-needs-target",
+        field="algorithm.kl",
+        rule="self.algorithm.kl.control != 'adaptive' || (self.algorithm.kl.target > 0.0 && self.algorithm.kl.horizon > 0)",
+        message="algorithm.kl.control is adaptive but target = ${self.algorithm.kl.target} and horizon = "
+        "${self.algorithm.kl.horizon}; both must be above 0",
+        verl="R16",
+    ),
+    Rule(
+        id="group-estimator-needs-group",
+        field="batch.rolloutN",
+        rule="!(self.algorithm.advantageEstimator in ['grpo', 'rloo']) || self.batch.rolloutN >= 2",
+        message="algorithm.advantageEstimator ${self.algorithm.advantageEstimator} compares responses within a group "
+        "but batch.rolloutN = ${self.batch.rolloutN}; use rolloutN ≥ 2 (verl silently degrades)",
+        verl="ours",
+    ),
+    Rule(
+        id="group-needs-sampling",
+        field="rollout.temperature",
+        rule="self.batch.rolloutN == 1 || self.rollout.temperature > 0.0",
+        message="batch.rolloutN = ${self.batch.rolloutN} responses per prompt at rollout.temperature 0 are identical; "
+        "set a temperature above 0",
+        verl="ours",
+    ),
+    Rule(
+        id="gae-needs-critic",
+        field="critic",
+        rule="self.algorithm.advantageEstimator != 'gae' || has(self.critic)",
+        message="algorithm.advantageEstimator gae needs a value model: add critic (critic: {} uses model.path)",
+        verl="ours",
+    ),
+    Rule(
+        id="separate-placement-needs-rollout-pool",
+        field="cluster.rollout",
+        rule="(self.rollout.placement == 'separate') == has(self.cluster.rollout)",
+        message="${self.rollout.placement == 'separate' ? 'rollout.placement is separate but cluster.rollout is missing; "
+        "add the rollout node pool' : 'cluster.rollout is set but rollout.placement is colocated; "
+        "remove cluster.rollout or set rollout.placement: separate'}",
+        verl="ours",
+    ),
+    Rule(
+        id="hf-engine-colocated",
+        field="rollout.engine",
+        rule="self.rollout.engine != 'hf' || (self.rollout.placement == 'colocated' && self.rollout.tensorParallelSize == 1)",
+        message="rollout.engine hf generates inside the actor: it needs rollout.placement colocated and "
+        "tensorParallelSize 1 (got ${self.rollout.placement}, ${self.rollout.tensorParallelSize})",
+        verl="ours",
+    ),
+    Rule(
+        id="vllm-needs-cuda",
+        field="rollout.engine",
+        rule="self.rollout.engine != 'vllm' || self.cluster.device == 'cuda'",
+        message="rollout.engine vllm needs cluster.device cuda; on CPU use rollout.engine hf",
+        verl="ours",
+    ),
+    Rule(
+        id="top-k-valid",
+        field="rollout.topK",
+        rule="self.rollout.topK == -1 || self.rollout.topK >= 1",
+        message="rollout.topK = ${self.rollout.topK}; use -1 (disabled) or a value ≥ 1",
+        verl="ours",
+    ),
+    Rule(
+        id="lora-rank-fits-vllm",
+        field="model.lora.rank",
+        rule=f"!has(self.model.lora) || self.rollout.engine != 'vllm' || self.model.lora.rank <= {VLLM_MAX_LORA_RANK}",
+        message="model.lora.rank = ${self.model.lora.rank} exceeds vLLM's largest LoRA rank " f"{VLLM_MAX_LORA_RANK}",
+        verl="R15",
+    ),
+    Rule(
+        id="reward-model-reads-whole-sequence",
+        field="reward.model.maxLength",
+        rule="!has(self.reward.model) || self.reward.model.maxLength >= SEQ_LEN",
+        message="reward.model.maxLength = ${self.reward.model.maxLength} is below data.maxPromptLength + "
+        "maxResponseLength = ${SEQ_LEN}: the reward model would score truncated responses",
+        verl="ours",
+    ),
+    Rule(
+        id="periodic-validation-needs-files",
+        field="trainer.testFreq",
+        rule="self.trainer.testFreq <= 0 || size(self.data.valFiles) > 0",
+        message="trainer.testFreq = ${self.trainer.testFreq} but data.valFiles is empty",
+        verl="R18",
+    ),
+    Rule(
+        id="resume-path",
+        field="trainer.resume",
+        rule="self.trainer.resume in ['auto', 'disable'] || self.trainer.resume.contains('global_step_')",
+        message="trainer.resume = ${self.trainer.resume}; use auto, disable or a path to a global_step_N checkpoint",
+        verl="R19",
+    ),
+    Rule(
+        id="volume-mounts-name-volumes",
+        field="cluster.volumeMounts",
+        rule="self.cluster.volumeMounts.all(m, self.cluster.volumes.exists(v, v.name == m.name))",
+        message="every cluster.volumeMounts[].name must name a volume in cluster.volumes",
+        verl="ours",
+    ),
+    Rule(
+        id="name-fits-kuberay",
+        field="metadata.name",
+        rule="size(self.metadata.name) <= 47 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        message="metadata.name ${self.metadata.name} must be at most 47 characters of lower-case letters, digits "
+        "and '-', starting with a letter (KubeRay's RayJob name limit)",
+        verl="ours",
+        scope="root",
+    ),
+    Rule(
+        id="batch-algorithm-immutable-while-active",
+        field="spec",
+        rule="!has(oldSelf.status) || !has(oldSelf.status.phase) || !(oldSelf.status.phase in ACTIVE_PHASES)"
+        " || (self.spec.batch == oldSelf.spec.batch && self.spec.algorithm == oldSelf.spec.algorithm)",
+        message="spec.batch and spec.algorithm cannot change while the job is ${oldSelf.status.phase}; "
+        "suspend it first (runPolicy.suspend: true)",
+        verl="ours",
+        scope="root",
+    ),
+)

