@@ -42,7 +42,7 @@ def _type_args(annotation: Any) -> list[Any]:
     return out
 
 
-def _default(field: FieldInfo) -> Any:
+def field_default(field: FieldInfo) -> Any:
     if field.default_factory is not None:
         value = field.default_factory()  # type: ignore[call-arg]
     else:
@@ -101,7 +101,7 @@ class _Converter:
         converted = self.convert(prop)
         field = _field_by_alias(model, name) if model else None
         if field is not None and not field.is_required():
-            default = _default(field)
+            default = field_default(field)
             if default is not None:
                 converted["default"] = default
         return converted

@@ -264,7 +264,7 @@ class Toleration(SpecModel):
     operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal.")
     value: Annotated[str, Field(max_length=253)] | None = Field(None, description="Taint value.")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="Taint effect.")
-    toleration_seconds: int | None = Field(None, description="How long a NoExecute taint is tolerated.")
+    toleration_seconds: int | None = Field(None, ge=0, le=2**31 - 1, description="How long a NoExecute taint is tolerated.")
 
 
 class EnvVar(SpecModel):

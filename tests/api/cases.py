@@ -1,0 +1,168 @@
+"""Invalid RLJobs, each with the field admission must refuse it on.
+
+Shared by the offline tests (Python validator, CEL of the generated CRD) and the
+apiserver tests in e2e/, which assert the server refuses each one with the same message.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+BASE: dict[str, Any] = {
+    "apiVersion": "kuberl.io/v1alpha1",
+    "kind": "RLJob",
+    "metadata": {"name": "base"},
+    "spec": {
+        "model": {"path": "/models/policy"},
+        "algorithm": {"advantageEstimator": "grpo"},
+        "data": {"trainFiles": ["/data/train.parquet"], "valFiles": ["/data/val.parquet"]},
+        "batch": {"trainBatchSize": 64, "rolloutN": 4, "ppoMiniBatchSize": 16, "ppoMicroBatchSizePerGPU": 4},
+        "cluster": {"trainer": {"nodes": 1, "gpusPerNode": 8}},
+    },
+}
+
+
+@dataclass(frozen=True)
+class InvalidCase:
+    name: str
+    field: str
+    """Dotted path from the object root that the refusal must name."""
+    document: dict[str, Any]
+    rule: str
+    """Rule id of kuberl.api.rules, or "schema"."""
+    message: str = ""
+    """A fragment the message must contain (besides the field path)."""
+    server_side: bool = True
+    """False when the apiserver cannot refuse it (none today)."""
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _case(name: str, field: str, rule: str, edit: Callable[[dict[str, Any]], None], message: str = "") -> InvalidCase:
+    doc = copy.deepcopy(BASE)
+    doc["metadata"]["name"] = name
+    edit(doc)
+    return InvalidCase(name, field, doc, rule, message)
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def edit(doc: dict[str, Any]) -> None:
+        node = doc
+        *parents, last = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+
+    return edit
+
+
+def _all(*edits: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def edit(doc: dict[str, Any]) -> None:
+        for e in edits:
+            e(doc)
+
+    return edit
+
+
+def _drop(path: str) -> Callable[[dict[str, Any]], None]:
+    def edit(doc: dict[str, Any]) -> None:
+        node = doc
+        *parents, last = path.split(".")
+        for key in parents:
+            node = node[key]
+        del node[last]
+
+    return edit
+
+
+INVALID_CASES: list[InvalidCase] = [
+    # verl's batch rules
+    _case("r1-responses-not-divisible", "spec.batch.trainBatchSize", "responses-divisible-by-dp",
+          _all(_set("spec.batch.trainBatchSize", 6), _set("spec.batch.rolloutN", 2), _set("spec.batch.ppoMiniBatchSize", 6)),
+          "12 responses per step is not divisible by 8 trainer GPUs"),
+    _case("r3-mini-exceeds-train", "spec.batch.ppoMiniBatchSize", "mini-batch-within-train-batch",
+          _set("spec.batch.ppoMiniBatchSize", 128), "exceeds batch.trainBatchSize = 64"),
+    _case("mini-batches-not-whole", "spec.batch.ppoMiniBatchSize", "mini-batches-whole",
+          _set("spec.batch.ppoMiniBatchSize", 24), "not a multiple of batch.ppoMiniBatchSize = 24"),
+    _case("r6-mini-not-divisible-by-dp", "spec.batch.ppoMiniBatchSize", "mini-batch-divisible-by-dp",
+          _all(_set("spec.batch.ppoMiniBatchSize", 3), _set("spec.batch.trainBatchSize", 48)),
+          "= 12 is not divisible by 8 trainer GPUs"),
+    _case("r6-micro-not-dividing", "spec.batch.ppoMicroBatchSizePerGPU", "micro-batch-divides-mini-batch",
+          _set("spec.batch.ppoMicroBatchSizePerGPU", 3), "per-GPU mini-batch of 8 responses"),
+    _case("r6-critic-micro-not-dividing", "spec.critic.ppoMicroBatchSizePerGPU", "critic-micro-batch-divides-mini-batch",
+          _all(_set("spec.algorithm.advantageEstimator", "gae"), _set("spec.critic", {"ppoMicroBatchSizePerGPU": 3})),
+          "critic.ppoMicroBatchSizePerGPU = 3"),
+    _case("r4-micro-missing", "spec.batch.ppoMicroBatchSizePerGPU", "micro-batch-required",
+          _drop("spec.batch.ppoMicroBatchSizePerGPU"), "required unless"),
+    _case("r10-token-budget-too-small", "spec.batch.dynamicBatchSize.maxTokenLenPerGPU", "token-budget-fits-sequence",
+          _set("spec.batch.dynamicBatchSize", {"enabled": True, "maxTokenLenPerGPU": 1000}), "= 1024"),
+    _case("r11-rollout-gpus-not-divisible-by-tp", "spec.rollout.tensorParallelSize", "rollout-gpus-divisible-by-tp",
+          _set("spec.rollout.tensorParallelSize", 3), "8 rollout GPUs are not divisible"),
+    _case("r11-separate-pool-not-divisible", "spec.rollout.tensorParallelSize", "rollout-gpus-divisible-by-tp",
+          _all(_set("spec.rollout.placement", "separate"), _set("spec.rollout.tensorParallelSize", 4),
+               _set("spec.cluster.rollout", {"nodes": 1, "gpusPerNode": 2})), "2 rollout GPUs"),
+    _case("r8-dual-clip-not-above-one", "spec.algorithm.clipRatioC", "dual-clip-above-one",
+          _set("spec.algorithm.clipRatioC", 1.0), "must be greater than 1"),
+    _case("r14-val-sampling-at-zero-temperature", "spec.rollout.val.temperature", "val-sampling-needs-temperature",
+          _set("spec.rollout.val", {"doSample": True, "temperature": 0}), "doSample is true"),
+    _case("r16-adaptive-kl-without-target", "spec.algorithm.kl", "adaptive-kl-needs-target",
+          _set("spec.algorithm.kl", {"inReward": True, "control": "adaptive", "target": 0}), "target = 0"),
+    _case("r16-adaptive-kl-without-horizon", "spec.algorithm.kl", "adaptive-kl-needs-target",
+          _set("spec.algorithm.kl", {"inReward": True, "control": "adaptive", "horizon": 0}), "horizon = 0"),
+    _case("grpo-needs-group", "spec.batch.rolloutN", "group-estimator-needs-group",
+          _set("spec.batch.rolloutN", 1), "rolloutN = 1"),
+    _case("rloo-needs-group", "spec.batch.rolloutN", "group-estimator-needs-group",
+          _all(_set("spec.algorithm.advantageEstimator", "rloo"), _set("spec.batch.rolloutN", 1)), "rloo"),
+    _case("group-at-zero-temperature", "spec.rollout.temperature", "group-needs-sampling",
+          _set("spec.rollout.temperature", 0), "are identical"),
+    _case("gae-needs-critic", "spec.critic", "gae-needs-critic",
+          _set("spec.algorithm.advantageEstimator", "gae"), "needs a value model"),
+    _case("separate-without-rollout-pool", "spec.cluster.rollout", "separate-placement-needs-rollout-pool",
+          _set("spec.rollout.placement", "separate"), "cluster.rollout is missing"),
+    _case("rollout-pool-while-colocated", "spec.cluster.rollout", "separate-placement-needs-rollout-pool",
+          _set("spec.cluster.rollout", {"nodes": 1, "gpusPerNode": 8}), "rollout.placement is colocated"),
+    _case("hf-engine-separate", "spec.rollout.engine", "hf-engine-colocated",
+          _all(_set("spec.rollout.engine", "hf"), _set("spec.rollout.placement", "separate"),
+               _set("spec.cluster.rollout", {"nodes": 1, "gpusPerNode": 8})), "needs rollout.placement colocated"),
+    _case("vllm-on-cpu", "spec.rollout.engine", "vllm-needs-cuda",
+          _set("spec.cluster.device", "cpu"), "needs cluster.device cuda"),
+    _case("top-k-zero", "spec.rollout.topK", "top-k-valid", _set("spec.rollout.topK", 0), "topK = 0"),
+    _case("lora-rank-over-vllm-limit", "spec.model.lora.rank", "lora-rank-fits-vllm",
+          _set("spec.model.lora", {"rank": 1024}), "exceeds vLLM's largest LoRA rank"),
+    _case("reward-model-too-short", "spec.reward.model.maxLength", "reward-model-reads-whole-sequence",
+          _set("spec.reward.model", {"path": "/models/rm", "maxLength": 512}), "truncated"),
+    _case("test-freq-without-val-files", "spec.trainer.testFreq", "periodic-validation-needs-files",
+          _all(_set("spec.data.valFiles", []), _set("spec.trainer.testFreq", 5)), "data.valFiles is empty"),
+    _case("r19-resume-not-a-step", "spec.trainer.resume", "resume-path",
+          _set("spec.trainer.resume", "/checkpoints/latest"), "global_step_N"),
+    _case("volume-mount-without-volume", "spec.cluster.volumeMounts", "volume-mounts-name-volumes",
+          _set("spec.cluster.volumeMounts", [{"name": "ckpt", "mountPath": "/ckpt"}]), "must name a volume"),
+    _case("name-too-long-for-kuberay-" + "x" * 30, "metadata.name", "name-fits-kuberay", lambda doc: None, "47 characters"),
+    # ranges, enums, types and unknown fields (schema)
+    _case("gpu-memory-utilization-zero", "spec.rollout.gpuMemoryUtilization", "schema",
+          _set("spec.rollout.gpuMemoryUtilization", 0)),
+    _case("gpu-memory-utilization-above-one", "spec.rollout.gpuMemoryUtilization", "schema",
+          _set("spec.rollout.gpuMemoryUtilization", 1.5)),
+    _case("train-batch-zero", "spec.batch.trainBatchSize", "schema", _set("spec.batch.trainBatchSize", 0)),
+    _case("response-length-zero", "spec.data.maxResponseLength", "schema", _set("spec.data.maxResponseLength", 0)),
+    _case("unknown-estimator", "spec.algorithm.advantageEstimator", "schema",
+          _set("spec.algorithm.advantageEstimator", "ppo")),
+    _case("unknown-loss-agg-mode", "spec.algorithm.lossAggMode", "schema", _set("spec.algorithm.lossAggMode", "sum")),
+    _case("unknown-kl-type", "spec.algorithm.kl.loss.type", "schema",
+          _set("spec.algorithm.kl.loss", {"enabled": True, "type": "low_var_kl"})),
+    _case("gamma-above-one", "spec.algorithm.gamma", "schema", _set("spec.algorithm.gamma", 1.5)),
+    _case("negative-entropy-coef", "spec.algorithm.entropyCoef", "schema", _set("spec.algorithm.entropyCoef", -0.1)),
+    _case("zero-trainer-gpus", "spec.cluster.trainer.gpusPerNode", "schema", _set("spec.cluster.trainer.gpusPerNode", 0)),
+    _case("too-many-train-files", "spec.data.trainFiles", "schema",
+          _set("spec.data.trainFiles", [f"/data/{i}.parquet" for i in range(65)])),
+    _case("no-train-files", "spec.data.trainFiles", "schema", _set("spec.data.trainFiles", [])),
+    _case("model-path-missing", "spec.model.path", "schema", _set("spec.model", {"dtype": "bfloat16"})),
+    _case("memory-not-a-quantity", "spec.cluster.trainer.memory", "schema", _set("spec.cluster.trainer.memory", "lots")),
+    _case("batch-size-not-a-number", "spec.batch.trainBatchSize", "schema", _set("spec.batch.trainBatchSize", "sixty-four")),
+    _case("typo-in-batch-field", "spec.batch.rolloutNum", "schema", _set("spec.batch.rolloutNum", 8), "did you mean 'rolloutN'"),
+    _case("typo-in-spec-section", "spec.algorythm", "schema", _set("spec.algorythm", {}), "did you mean 'algorithm'"),
+]
+
+UNKNOWN_FIELD_CASES = [c for c in INVALID_CASES if "did you mean" in c.message]
+"""Pruned silently by the apiserver unless the client asks for strict field validation."""

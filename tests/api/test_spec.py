@@ -1,0 +1,72 @@
+"""Spec model behaviour: defaults, unknown fields, transition rules, derived batch quantities."""
+
+from __future__ import annotations
+
+import copy
+
+from kuberl.api import RLJobSpec, parse_spec, plan_batches, validate_document
+from kuberl.api.validation import InvalidSpec
+from tests.api.cases import BASE
+
+
+def test_defaults_follow_verl() -> None:
+    spec = RLJobSpec.model_validate(BASE["spec"])
+    assert spec.algorithm.clip_ratio_low == 0.2 and spec.algorithm.clip_ratio_high == 0.2
+    assert spec.algorithm.clip_ratio_c == 3.0
+    assert spec.algorithm.kl.coef == 0.001 and spec.algorithm.kl.loss.type == "k3"
+    assert spec.algorithm.loss_agg_mode == "token-mean"
+    assert spec.actor.optim.lr == 1e-6
+    assert spec.rollout.gpu_memory_utilization == 0.5
+    assert spec.data.max_prompt_length == 512 and spec.data.max_response_length == 512
+
+
+def test_critic_learning_rate_defaults_to_verls_critic_value() -> None:
+    spec = parse_spec({**BASE["spec"], "algorithm": {"advantageEstimator": "gae"}, "critic": {}})
+    assert spec.critic is not None and spec.critic.optim.lr == 1e-5
+
+
+def test_all_issues_are_reported_at_once() -> None:
+    doc = copy.deepcopy(BASE)
+    doc["spec"]["batch"]["ppoMicroBatchSizePerGPU"] = 3
+    doc["spec"]["rollout"] = {"tensorParallelSize": 3, "topK": 0}
+    fields = {i.field for i in validate_document(doc)}
+    assert {"spec.batch.ppoMicroBatchSizePerGPU", "spec.rollout.tensorParallelSize", "spec.rollout.topK"} <= fields
+
+
+def test_parse_spec_raises_with_every_field_named() -> None:
+    spec = copy.deepcopy(BASE["spec"])
+    spec["batch"]["rolloutN"] = 1
+    spec["rollout"] = {"temperature": 0}
+    try:
+        parse_spec(spec)
+    except InvalidSpec as exc:
+        assert "spec.batch.rolloutN" in str(exc)
+    else:
+        raise AssertionError("expected InvalidSpec")
+
+
+def test_batch_fields_are_immutable_while_running() -> None:
+    old = copy.deepcopy(BASE)
+    old["status"] = {"phase": "Running"}
+    new = copy.deepcopy(old)
+    new["spec"]["batch"]["trainBatchSize"] = 128
+    issues = validate_document(new, old=old)
+    assert [i.rule for i in issues] == ["batch-algorithm-immutable-while-active"]
+    assert "while the job is Running" in issues[0].message
+
+
+def test_batch_fields_may_change_while_suspended() -> None:
+    old = copy.deepcopy(BASE)
+    old["status"] = {"phase": "Suspended"}
+    new = copy.deepcopy(old)
+    new["spec"]["batch"]["trainBatchSize"] = 128
+    assert validate_document(new, old=old) == []
+
+
+def test_plan_counts_gradient_accumulation_per_gpu() -> None:
+    plan = plan_batches(RLJobSpec.model_validate(BASE["spec"]))
+    # 16 prompts × 4 responses / 8 GPUs = 8 rows per GPU per mini-batch; micro 4 → 2 accumulation steps
+    assert plan.rows_per_gpu_per_mini_batch == 8
+    assert plan.gradient_accumulation_steps == 2
+    assert plan.optimizer_steps_per_step == 4
+    assert plan.responses_per_step == 256

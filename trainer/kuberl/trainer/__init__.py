@@ -1,0 +1,1 @@
+"""The Ray-side trainer: rollout, rewards, advantages, losses and the training loop."""
