@@ -1,0 +1,175 @@
+"""Prompt data in verl's schema: read rows, apply the chat template, batch them resumably.
+
+A row: ``data_source``, ``prompt`` (a chat list ``[{"role", "content"}]``), ``ability``,
+``reward_model`` = ``{"style", "ground_truth"}``, ``extra_info`` (a dict). Files are read whole into memory,
+as verl does.
+"""
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+from transformers import PreTrainedTokenizerBase
+
+SUFFIXES = (".parquet", ".jsonl", ".json")
+REQUIRED_COLUMNS = ("data_source", "reward_model")
+
+
+class DataError(ValueError):
+    """A data file or row does not match the schema, or the data cannot fill one batch."""
+
+
+def read_file(path: Path) -> list[Any]:
+    if path.suffix == ".parquet":
+        return pq.read_table(path).to_pylist()
+    if path.suffix == ".jsonl":
+        rows = []
+        for line_number, line in enumerate(path.read_text().splitlines(), start=1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{line_number}: not valid JSON ({e.msg})") from e
+        return rows
+    try:
+        rows = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from e
+    if not isinstance(rows, list):
+        raise DataError(f"{path}: a .json data file holds a list of rows, found a {type(rows).__name__}")
+    return rows
+
+
+def check_row(row: Any, where: str, prompt_key: str) -> None:
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: a row is an object, found a {type(row).__name__}")
+    for column in (*REQUIRED_COLUMNS, prompt_key):
+        if column not in row or row[column] is None:
+            raise DataError(f"{where}: missing column {column!r} (columns: {sorted(row)})")
+    reward = row["reward_model"]
+    if not isinstance(reward, dict) or (reward.get("style") != "model" and reward.get("ground_truth") is None):
+        raise DataError(f"{where}: reward_model needs a 'ground_truth' (or style 'model'), found {reward!r}")
+
+
+def load_rows(paths: list[str], *, prompt_key: str = "prompt") -> list[dict[str, Any]]:
+    """All rows of ``paths`` in order; ``.parquet``, ``.jsonl`` or ``.json`` (a list of rows)."""
+    rows: list[dict[str, Any]] = []
+    for name in paths:
+        path = Path(name).expanduser()
+        if path.suffix not in SUFFIXES:
+            raise DataError(f"{name}: unsupported data file type {path.suffix!r}; use one of {SUFFIXES}")
+        if not path.is_file():
+            raise DataError(f"{name}: data file does not exist (check data.trainFiles / data.valFiles and the "
+                            "volume that holds them)")
+        for number, row in enumerate(read_file(path)):
+            check_row(row, f"{name} row {number}", prompt_key)
+            rows.append(row)
+    return rows
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One templated, tokenized prompt; ``index`` is its row's position in the loaded rows."""
+
+    input_ids: list[int]
+    data_source: str
+    ground_truth: str
+    extra_info: dict[str, Any]
+    index: int
+    raw_prompt: list[dict[str, str]] = field(repr=False)
+
+
+def check_chat(chat: Any, index: int, prompt_key: str) -> list[dict[str, str]]:
+    if not isinstance(chat, list) or not chat or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in chat):
+        raise DataError(f"row {index}: {prompt_key!r} must be a non-empty chat list of "
+                        f"{{'role': str, 'content': str}}, found {chat!r:.200}")
+    return [{"role": m["role"], "content": m["content"]} for m in chat]
+
+
+class PromptDataset:
+    """Rows with the chat template applied (``add_generation_prompt=True``) and tokenized.
+
+    Prompts longer than ``max_prompt_length`` tokens are dropped and counted in ``num_filtered`` when
+    ``filter_overlong``; otherwise the first one is an error.
+    """
+
+    def __init__(self, rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, *,
+                 prompt_key: str = "prompt", max_prompt_length: int, filter_overlong: bool) -> None:
+        chats = [check_chat(row.get(prompt_key), i, prompt_key) for i, row in enumerate(rows)]
+        texts = [tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) for chat in chats]
+        token_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        self.prompts: list[Prompt] = []
+        self.num_filtered = 0
+        for index, (row, chat, ids) in enumerate(zip(rows, chats, token_ids, strict=True)):
+            if len(ids) > max_prompt_length:
+                if not filter_overlong:
+                    raise DataError(f"row {index}: prompt is {len(ids)} tokens after the chat template, longer than "
+                                    f"maxPromptLength {max_prompt_length}; raise data.maxPromptLength or set "
+                                    "data.filterOverlongPrompts")
+                self.num_filtered += 1
+                continue
+            self.prompts.append(Prompt(input_ids=list(ids), data_source=row["data_source"],
+                                       ground_truth=str(row["reward_model"].get("ground_truth") or ""),
+                                       extra_info=dict(row.get("extra_info") or {}), index=index, raw_prompt=chat))
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def __getitem__(self, i: int) -> Prompt:
+        return self.prompts[i]
+
+
+class PromptLoader:
+    """Fixed-size batches, last partial batch dropped (verl's ``drop_last``), shuffled per epoch from
+    ``(seed, epoch)`` so that any epoch's order can be rebuilt after a restart.
+
+    ``state_dict()`` is the position of the next batch; after ``load_state_dict`` iteration continues there.
+    Iterating yields the rest of the current epoch and then moves to the next.
+    """
+
+    def __init__(self, dataset: PromptDataset, batch_size: int, *, seed: int, shuffle: bool = True) -> None:
+        if batch_size < 1:
+            raise DataError(f"batch size must be ≥ 1, got {batch_size}")
+        if len(dataset) < batch_size:
+            raise DataError(f"the data holds {len(dataset)} prompts ({dataset.num_filtered} overlong filtered), fewer "
+                            f"than one batch of data.trainBatchSize={batch_size}: add data, lower the batch size, or "
+                            "raise data.maxPromptLength")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.batch_in_epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.dataset) // self.batch_size
+
+    def order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(len(self.dataset))
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.dataset))
+
+    def __iter__(self) -> Iterator[list[Prompt]]:
+        order = self.order(self.epoch)
+        while self.batch_in_epoch < len(self):
+            start = self.batch_in_epoch * self.batch_size
+            self.batch_in_epoch += 1
+            yield [self.dataset[int(i)] for i in order[start:start + self.batch_size]]
+        self.epoch += 1
+        self.batch_in_epoch = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if not 0 <= state["batch_in_epoch"] <= len(self):
+            raise DataError(f"loader state {state} is past the {len(self)} batches per epoch of this data; the data "
+                            "or batch size changed since the checkpoint")
+        self.epoch = state["epoch"]
+        self.batch_in_epoch = state["batch_in_epoch"]
