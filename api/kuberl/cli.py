@@ -13,7 +13,8 @@ from typing import Callable
 
 from kuberl.api.documents import Checked, check, load_documents
 
-CRD_PATH = Path("crds/rljob.yaml")
+CRD_PATHS = (Path("crds/rljob.yaml"), Path("charts/kuberl/crds/rljob.yaml"))
+"""The CRD and the Helm chart's copy of it, written together so they never differ."""
 DOCS_PATH = Path("docs/api.md")
 
 
@@ -66,28 +67,30 @@ def _as_text(result: Checked) -> str:
     return "\n".join([f"{result.source}: RLJob {result.name} is valid"] + [f"  {k:<{width}}  {v}" for k, v in rows])
 
 
-def _write_or_check(path: Path, content: str, check_only: bool) -> int:
+def _write_or_check(paths: list[Path], content: str, check_only: bool, command: str) -> int:
+    stale = [p for p in paths if not p.exists() or p.read_text() != content]
     if check_only:
-        if not path.exists() or path.read_text() != content:
-            print(f"{path} is stale: run `kuberl {'crd' if path.suffix == '.yaml' else 'docs'}`", file=sys.stderr)
-            return 1
-        return 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(content)
-    print(f"wrote {path}")
+        for path in stale:
+            print(f"{path} is stale: run `kuberl {command}`", file=sys.stderr)
+        return 1 if stale else 0
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+        print(f"wrote {path}")
     return 0
 
 
 def _crd(args: argparse.Namespace) -> int:
     from kuberl.api.crd import crd_yaml
 
-    return _write_or_check(Path(args.output), crd_yaml(), args.check)
+    paths = [Path(args.output)] if args.output else list(CRD_PATHS)
+    return _write_or_check(paths, crd_yaml(), args.check, "crd")
 
 
 def _docs(args: argparse.Namespace) -> int:
     from kuberl.api.docs import api_markdown
 
-    return _write_or_check(Path(args.output), api_markdown(), args.check)
+    return _write_or_check([Path(args.output)], api_markdown(), args.check, "docs")
 
 
 def _trainer_command(name: str) -> Callable[[argparse.Namespace], int]:
@@ -112,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate.set_defaults(func=_validate)
 
     crd = sub.add_parser("crd", help="write the RLJob CRD generated from the spec models and rules")
-    crd.add_argument("--output", default=str(CRD_PATH))
+    crd.add_argument("--output", help="one file instead of crds/ and the chart's crds/")
     crd.add_argument("--check", action="store_true", help="exit 1 if the file is stale instead of writing it")
     crd.set_defaults(func=_crd)
 

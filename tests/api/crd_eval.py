@@ -16,6 +16,8 @@ import cel
 import jsonschema
 import yaml
 
+from kuberl.api.celfuncs import context
+
 CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "rljob.yaml"
 
 
@@ -86,7 +88,7 @@ def refused_fields(document: dict[str, Any]) -> dict[str, str]:
                 continue
             if cel.evaluate(rule["rule"], {"self": value}) is not True:
                 field = prefix + rule["fieldPath"] if "fieldPath" in rule else _root_field(rule)
-                errors[field] = str(cel.evaluate(rule["messageExpression"], {"self": value}))
+                errors[field] = str(cel.evaluate(rule["messageExpression"], context({"self": value})))
     return errors
 
 

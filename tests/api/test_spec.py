@@ -70,3 +70,13 @@ def test_plan_counts_gradient_accumulation_per_gpu() -> None:
     assert plan.gradient_accumulation_steps == 2
     assert plan.optimizer_steps_per_step == 4
     assert plan.responses_per_step == 256
+
+
+def test_doubles_print_as_the_apiserver_prints_them() -> None:
+    from kuberl.api.celfuncs import format_string
+
+    # Observed from kube-apiserver v1.37.2 for '%s'.format([x]) on `number` fields.
+    observed = {3.0: "3", 0.001: "0.001", 1e-06: "1e-06", 123456.0: "123456", 100000.0: "100000", 2.75: "2.75"}
+    for value, text in observed.items():
+        assert format_string("%s", [value]) == text
+    assert format_string("%s%% of %s", [50, "x"]) == "50% of x"

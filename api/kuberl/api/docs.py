@@ -37,7 +37,7 @@ VERL_KEYS: list[tuple[str, str, str]] = [
     ("rollout.name", "rollout.engine", "vllm or hf"),
     ("rollout.tensor_model_parallel_size", "rollout.tensorParallelSize", "default 1 here, 2 in verl"),
     ("rollout.gpu_memory_utilization", "rollout.gpuMemoryUtilization", "fraction of total GPU memory"),
-    ("rollout.val_kwargs.*", "rollout.val.*", ""),
+    ("rollout.val_kwargs.*", "rollout.val.*", "val_kwargs.n is rollout.val.rolloutN (a bare `n:` key is a boolean in YAML 1.1)"),
     ("trainer.nnodes × n_gpus_per_node", "cluster.trainer.nodes × gpusPerNode", ""),
     ("trainer.save_freq / test_freq", "trainer.saveFreq / testFreq", "in steps, not epochs"),
     ("trainer.resume_mode / resume_from_path", "trainer.resume", "auto, disable, or the path"),

@@ -79,17 +79,11 @@ def expand(expr: str) -> str:
 
 
 def message_to_cel(template: str) -> str:
-    """`"a ${x} b"` → `'a ' + string(x) + ' b'`."""
-    parts: list[str] = []
-    pos = 0
-    for m in _TEMPLATE.finditer(template):
-        if m.start() > pos:
-            parts.append(_cel_string(template[pos : m.start()]))
-        parts.append(f"string({expand(m.group(1))})")
-        pos = m.end()
-    if pos < len(template):
-        parts.append(_cel_string(template[pos:]))
-    return " + ".join(parts)
+    """`"a ${x} b ${y}"` → `'a %s b %s'.format([x, y])` (see kuberl.api.celfuncs for why format)."""
+    literal = _TEMPLATE.sub("\x00", template).replace("%", "%%").replace("\x00", "%s")
+    args = [expand(m.group(1)) for m in _TEMPLATE.finditer(template)]
+    text = _cel_string(literal)
+    return f"{text}.format([{', '.join(args)}])" if args else text
 
 
 def _cel_string(text: str) -> str:

@@ -176,7 +176,7 @@ class Batch(SpecModel):
 
 
 class Validation(SpecModel):
-    n: int = Field(1, ge=1, le=1024, description="Responses per validation prompt (mean@n).")
+    rollout_n: int = Field(1, ge=1, le=1024, description="Responses per validation prompt (mean@n).")
     temperature: float = Field(0.0, ge=0, le=10, description="Validation sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Validation nucleus sampling.")
     do_sample: bool = Field(False, description="Sample during validation (false = greedy).")

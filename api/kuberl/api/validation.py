@@ -10,6 +10,7 @@ from typing import Any
 import cel
 from pydantic import BaseModel, ValidationError
 
+from kuberl.api import celfuncs
 from kuberl.api.rules import RULES, Rule
 from kuberl.api.spec import API_VERSION, KIND, RLJobSpec
 
@@ -39,8 +40,8 @@ def _program(expression: str) -> cel.Program:
     return cel.compile(expression)
 
 
-def _evaluate(expression: str, context: dict[str, Any]) -> Any:
-    return _program(expression).execute(context)
+def _evaluate(expression: str, variables: dict[str, Any]) -> Any:
+    return _program(expression).execute(celfuncs.context(variables))
 
 
 def check_rule(rule: Rule, context: dict[str, Any]) -> Issue | None:
