@@ -1,0 +1,103 @@
+{{/* The chart name, overridable. */}}
+{{- define "kuberl.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The full name of the release's objects: <release>-kuberl, or the release name when it already says kuberl. */}}
+{{- define "kuberl.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kuberl.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object of the release, without a component. */}}
+{{- define "kuberl.baseLabels" -}}
+helm.sh/chart: {{ include "kuberl.chart" . }}
+app.kubernetes.io/name: {{ include "kuberl.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: kuberl
+{{- end }}
+
+{{/* Labels of the operator's objects. */}}
+{{- define "kuberl.labels" -}}
+{{ include "kuberl.baseLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* The operator pod's identity (Deployment selector, Service selector). */}}
+{{- define "kuberl.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kuberl.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "kuberl.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kuberl.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "kuberl.operatorImage" -}}
+{{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) }}
+{{- end }}
+
+{{/* true when the operator watches every namespace (watchNamespaces empty). */}}
+{{- define "kuberl.clusterWide" -}}
+{{- if not .Values.watchNamespaces }}true{{- end }}
+{{- end }}
+
+{{/* Namespaces that get the trainer's ServiceAccount and Role, one per line. */}}
+{{- define "kuberl.trainerNamespaces" -}}
+{{- $ns := .Values.trainer.namespaces | default .Values.watchNamespaces | default (list .Release.Namespace) }}
+{{- range $ns | uniq }}
+{{ . }}
+{{- end }}
+{{- end }}
+
+{{/* RBAC rules of the operator for namespaced resources (shared by the ClusterRole and the per-namespace Roles). */}}
+{{- define "kuberl.operatorNamespacedRules" -}}
+- apiGroups: ["kuberl.io"]
+  resources: ["rljobs"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["kuberl.io"]
+  resources: ["rljobs/status"]
+  verbs: ["get", "patch", "update"]
+# children carry ownerReferences with blockOwnerDeletion: true, which OwnerReferencesPermissionEnforcement checks
+- apiGroups: ["kuberl.io"]
+  resources: ["rljobs/finalizers"]
+  verbs: ["update"]
+- apiGroups: ["ray.io"]
+  resources: ["rayjobs"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
+
+{{/* Cluster-scoped reads kopf needs in every mode: it scans CRDs to resolve the resources it serves. */}}
+{{- define "kuberl.operatorClusterRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["get", "list", "watch"]
+{{- end }}
