@@ -1,0 +1,1 @@
+"""End-to-end tests and the harness that starts their real components (etcd, kube-apiserver, ...)."""
