@@ -1,0 +1,220 @@
+"""Operator scale benchmark: N RLJobs created at once against the e2e harness's real kube-apiserver.
+
+    PYTHONPATH=api:operator:trainer:. .venv/bin/python bench/operator_scale.py [--jobs 200] [--workers 16]
+
+Starts etcd + kube-apiserver (e2e/harness.py), the operator as a process (`python -m kuberl.operator
+--namespace bench`), then creates the RLJobs from a thread pool as fast as the apiserver takes them, and watches:
+- creation → RayJob latency: from the moment the client sent the RLJob's POST to the RayJob's ADDED watch event;
+- creation → status latency: until the RLJob's status carries `rayJobName` (the operator finished the reconcile);
+- the operator's RSS (VmRSS of its process) before, at peak (sampled every 100 ms) and after.
+Prints one table; `--json` prints the numbers as JSON as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+for sub in ("api", "operator", "trainer", "."):
+    if str(ROOT / sub) not in sys.path:
+        sys.path.insert(0, str(ROOT / sub))
+
+from kubernetes import client, watch  # noqa: E402
+
+from e2e.harness import Cluster  # noqa: E402
+from e2e.operator.crd import require_rljob_crd  # noqa: E402
+from e2e.operator.process import OperatorProcess  # noqa: E402
+
+NAMESPACE = "bench"
+
+
+def rljob(name: str) -> dict:
+    return {
+        "apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": name},
+        "spec": {
+            "model": {"path": "tiny://llama?hidden=64&layers=2"},
+            "algorithm": {"advantageEstimator": "grpo"},
+            "data": {"trainFiles": ["/data/train.parquet"], "maxPromptLength": 64, "maxResponseLength": 8},
+            "batch": {"trainBatchSize": 8, "rolloutN": 4, "ppoMiniBatchSize": 4, "ppoMicroBatchSizePerGPU": 4},
+            "rollout": {"engine": "hf"},
+            "cluster": {"device": "cpu", "trainer": {"nodes": 1, "gpusPerNode": 2, "cpu": "2", "memory": "4Gi",
+                                                     "sharedMemory": "1Gi"}},
+        },
+    }
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+class Watcher(threading.Thread):
+    """Records the first time each name satisfies `ready(obj)` on a watch of `list_fn`."""
+
+    def __init__(self, list_fn, ready, **kwargs) -> None:
+        super().__init__(daemon=True)
+        self.list_fn, self.ready, self.kwargs = list_fn, ready, kwargs
+        self.seen: dict[str, float] = {}
+        self.stop_flag = threading.Event()
+        self.started = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_flag.is_set():
+            self.started.set()
+            try:  # a fresh list + watch each round: a dropped stream cannot hide an object
+                for event in watch.Watch().stream(self.list_fn, timeout_seconds=5, **self.kwargs):
+                    obj = event["object"]
+                    name = obj["metadata"]["name"]
+                    if name not in self.seen and event["type"] in ("ADDED", "MODIFIED") and self.ready(obj):
+                        self.seen[name] = time.monotonic()
+                    if self.stop_flag.is_set():
+                        break
+            except Exception as exc:  # noqa: BLE001 (report and watch again)
+                print(f"watch error ({type(exc).__name__}: {exc}); watching again", file=sys.stderr)
+                time.sleep(0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--client-threads", type=int, default=32, help="threads creating RLJobs")
+    parser.add_argument("--workers", type=int, default=16, help="operator --max-workers")
+    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    with Cluster(controller_manager=False) as cluster:
+        require_rljob_crd(cluster)
+        api_client = cluster.api_client()
+        custom = client.CustomObjectsApi(api_client)
+        client.CoreV1Api(api_client).create_namespace({"metadata": {"name": NAMESPACE}})
+        log_dir = Path(cluster.workdir) / "operator"
+        operator = OperatorProcess(kubeconfig=cluster.kubeconfig, log_dir=log_dir, namespaces=(NAMESPACE,),
+                                   extra_args=("--max-workers", str(args.workers), "--resync-seconds", "0"))
+        operator.start()
+        time.sleep(1.0)
+        pid = operator.popen.pid
+        rss_idle = rss_mib(pid)
+        pids = {"kube-apiserver": next(p.popen.pid for p in cluster._procs if p.name == "kube-apiserver"),
+                "etcd": next(p.popen.pid for p in cluster._procs if p.name == "etcd"),
+                "operator": pid, "benchmark client": os.getpid()}
+        cpu_before = {k: cpu_seconds(v) for k, v in pids.items()}
+
+        rayjobs = Watcher(custom.list_namespaced_custom_object, lambda o: True,
+                          group="ray.io", version="v1", namespace=NAMESPACE, plural="rayjobs")
+        statuses = Watcher(custom.list_namespaced_custom_object,
+                           lambda o: bool((o.get("status") or {}).get("rayJobName")),
+                           group="kuberl.io", version="v1alpha1", namespace=NAMESPACE, plural="rljobs")
+        rayjobs.start()
+        statuses.start()
+        rayjobs.started.wait(5)
+        statuses.started.wait(5)
+        time.sleep(0.5)
+
+        peak = [rss_idle]
+        sampling = threading.Event()
+
+        def sample() -> None:
+            while not sampling.is_set():
+                peak[0] = max(peak[0], rss_mib(pid))
+                time.sleep(0.1)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+
+        names = [f"bench-{i:04d}" for i in range(args.jobs)]
+        sent: dict[str, float] = {}
+
+        def create(name: str) -> None:
+            sent[name] = time.monotonic()
+            custom.create_namespaced_custom_object("kuberl.io", "v1alpha1", NAMESPACE, "rljobs", rljob(name))
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(args.client_threads) as pool:
+            list(pool.map(create, names))
+        created_s = time.monotonic() - t0
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline and (len(rayjobs.seen) < args.jobs or len(statuses.seen) < args.jobs):
+            time.sleep(0.1)
+        all_done_s = time.monotonic() - t0
+        time.sleep(2)
+        sampling.set()
+        rss_after = rss_mib(pid)
+        cpu_used = {k: round(cpu_seconds(v) - cpu_before[k], 1) for k, v in pids.items()}
+        rayjobs.stop_flag.set()
+        statuses.stop_flag.set()
+        count = len(custom.list_namespaced_custom_object("ray.io", "v1", NAMESPACE, "rayjobs")["items"])
+        rljobs = custom.list_namespaced_custom_object("kuberl.io", "v1alpha1", NAMESPACE, "rljobs")["items"]
+        with_status = sum(1 for o in rljobs if (o.get("status") or {}).get("rayJobName"))
+        metrics = operator.metrics()
+        operator.stop()
+
+    to_rayjob = [rayjobs.seen[n] - sent[n] for n in names if n in rayjobs.seen]
+    to_status = [statuses.seen[n] - sent[n] for n in names if n in statuses.seen]
+    errors = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                 if line.startswith("kuberl_operator_reconcile_errors_total"))
+    durations = {}
+    for line in metrics.splitlines():
+        for suffix in ("_sum", "_count"):
+            prefix = "kuberl_operator_reconcile_duration_seconds" + suffix + '{handler="'
+            if line.startswith(prefix):
+                handler = line[len(prefix):].split('"')[0]
+                durations.setdefault(handler, {})[suffix[1:]] = float(line.split()[-1])
+    handler_mean_s = {h: {"runs": int(d["count"]), "mean_s": round(d["sum"] / d["count"], 3)}
+                      for h, d in durations.items() if d.get("count")}
+    result = {
+        "jobs": args.jobs, "operator_max_workers": args.workers, "rayjobs_in_namespace": count, "rljobs_with_status": with_status,
+        "create_all_s": round(created_s, 2), "all_reconciled_s": round(all_done_s, 2),
+        "rayjob_latency_s": {"p50": round(percentile(to_rayjob, 50), 3), "p99": round(percentile(to_rayjob, 99), 3),
+                             "max": round(max(to_rayjob, default=float("nan")), 3), "n": len(to_rayjob),
+                             "mean": round(statistics.fmean(to_rayjob), 3) if to_rayjob else None},
+        "status_latency_s": {"p50": round(percentile(to_status, 50), 3), "p99": round(percentile(to_status, 99), 3),
+                             "max": round(max(to_status, default=float("nan")), 3), "n": len(to_status)},
+        "operator_rss_mib": {"idle": round(rss_idle, 1), "peak": round(peak[0], 1), "after": round(rss_after, 1)},
+        "reconcile_errors": errors,
+        "handlers": handler_mean_s,
+        "cpu_s": cpu_used,
+        "host_cpus": os.cpu_count(),
+    }
+    print(f"{args.jobs} RLJobs created in {created_s:.2f} s; all reconciled after {all_done_s:.2f} s; "
+          f"{count} RayJobs exist; {with_status} RLJobs have a status; reconcile errors: {errors:g}")
+    print(f"{'':24}{'p50':>8}{'p99':>8}{'max':>8}{'n':>6}")
+    for label, key in (("creation → RayJob", "rayjob_latency_s"), ("creation → status", "status_latency_s")):
+        r = result[key]
+        print(f"{label:24}{r['p50']:>8.3f}{r['p99']:>8.3f}{r['max']:>8.3f}{r['n']:>6}")
+    rss = result["operator_rss_mib"]
+    print(f"operator RSS MiB: idle {rss['idle']}, peak {rss['peak']}, after {rss['after']}")
+    print("handler runs (mean s): " + ", ".join(f"{h} {d['runs']} ({d['mean_s']})" for h, d in handler_mean_s.items()))
+    print(f"CPU seconds during the {all_done_s:.0f} s run on {os.cpu_count()} CPUs: "
+          + ", ".join(f"{k} {v}" for k, v in cpu_used.items()))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    return 0 if count == args.jobs and len(to_rayjob) == args.jobs else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Operator tests against the real kube-apiserver harness, and the KubeRay stand-ins they use."""

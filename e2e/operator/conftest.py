@@ -1,0 +1,45 @@
+"""Fixtures of the operator's apiserver tests: the RLJob CRD, a running operator process per test, the KubeRay
+simulator."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e.harness import Cluster, rljob_crd_file
+from e2e.operator.crd import require_rljob_crd
+from e2e.operator.kuberay_sim import KubeRaySim
+from e2e.operator.process import OperatorProcess
+
+
+@pytest.fixture(scope="module")
+def rljob_crd(cluster: Cluster) -> dict[str, Any]:
+    """The generated `crds/rljob.yaml` as the harness installed it."""
+    if not rljob_crd_file().exists():
+        pytest.skip("crds/rljob.yaml is missing")
+    return require_rljob_crd(cluster)
+
+
+@pytest.fixture
+def kube(cluster: Cluster):
+    return cluster.api_client()
+
+
+@pytest.fixture
+def sim(kube) -> KubeRaySim:
+    return KubeRaySim(kube)
+
+
+@pytest.fixture
+def operator(cluster: Cluster, rljob_crd: dict, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """`python -m kuberl.operator --namespace <the test's namespace>` as admin; its log is printed on teardown."""
+    proc = OperatorProcess(kubeconfig=cluster.kubeconfig, log_dir=tmp_path / "operator", namespaces=(namespace,),
+                           extra_args=("--resync-seconds", "5"))
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+        print(proc.logs()[-20000:])

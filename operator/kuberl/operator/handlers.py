@@ -1,0 +1,115 @@
+"""kopf handlers: short functions that delegate to `reconcile` (I/O) and `rayjob`/`status` (pure).
+
+RLJob create/resume → validate, create-or-adopt the ConfigMap and the RayJob, write status.
+RLJob spec update   → propagate runPolicy.suspend (and the template while no Ray cluster exists).
+RayJob event        → recompute the owning RLJob's status (phase, conditions, Events).
+RLJob event         → the `kuberl_operator_rljobs{phase}` gauge.
+No delete handler: the children carry controller owner references, the garbage collector removes them;
+hence no finalizer, and deleting an RLJob never waits for the operator.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+
+from kuberl.api.spec import GROUP, PLURAL, VERSION
+from kuberl.operator import metrics, reconcile
+from kuberl.operator.rayjob import RLJOB_LABEL
+from kuberl.operator.settings import OperatorConfig, configure
+
+log = logging.getLogger("kuberl.operator")
+
+
+def kube_client(max_workers: int) -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = max(4, max_workers + 4)
+    configuration.retries = 3
+    return client.ApiClient(configuration)
+
+
+def _config(memo: Any) -> OperatorConfig:
+    return memo.get("config") or OperatorConfig()
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    cfg = _config(memo)
+    configure(settings, max_workers=cfg.max_workers)
+    memo.api = reconcile.Api(kube_client(cfg.max_workers))
+    memo.stop = threading.Event()
+    if cfg.resync_seconds > 0:
+        namespaces = None if cfg.all_namespaces else list(cfg.namespaces)
+        thread = threading.Thread(target=_resync_loop, args=(memo.api, namespaces, cfg.resync_seconds, memo.stop),
+                                  name="kuberl-resync", daemon=True)
+        thread.start()
+
+
+@kopf.on.cleanup()
+def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    if memo.get("stop") is not None:
+        memo.stop.set()
+
+
+def _resync_loop(api: reconcile.Api, namespaces: list[str] | None, every: float, stop: threading.Event) -> None:
+    """Recompute every live RLJob's status from its RayJob now and then: a net for a missed watch event."""
+    while not stop.wait(every):
+        try:
+            with metrics.reconciling("resync"):
+                writes = reconcile.resync_all(api, namespaces)
+            if writes:
+                log.info("resync corrected %d RLJob statuses", writes)
+        except Exception:  # keep the loop alive; the error is counted and logged
+            log.exception("resync failed")
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL)
+def rljob_created(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    with metrics.reconciling("create"):
+        reconcile.ensure(memo.api, body, logger)
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+def rljob_resumed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    with metrics.reconciling("resume"):
+        reconcile.ensure(memo.api, body, logger)
+
+
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+def rljob_spec_updated(body: kopf.Body, old: Any, new: Any, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    with metrics.reconciling("update"):
+        reconcile.apply_update(memo.api, body, old, new, logger)
+
+
+@kopf.on.event("ray.io", "v1", "rayjobs", labels={RLJOB_LABEL: kopf.PRESENT})
+def rayjob_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    if memo.get("api") is None:
+        return
+    with metrics.reconciling("rayjob"):
+        reconcile.on_rayjob(memo.api, dict(body), deleted=event.get("type") == "DELETED")
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def rljob_seen(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+    uid = body.get("metadata", {}).get("uid")
+    if not uid:
+        return
+    if event.get("type") == "DELETED":
+        metrics.PHASES.forget(uid)
+    else:
+        metrics.PHASES.observe(uid, (body.get("status") or {}).get("phase"))
+
+
+@kopf.on.probe(id="rljobs")
+def phase_counts(**_: Any) -> dict[str, int]:
+    """Shown on /healthz: RLJobs by phase."""
+    return metrics.PHASES.counts()

@@ -1,0 +1,97 @@
+"""Prometheus metrics of the operator (prometheus-client; kopf has none of its own).
+
+- `kuberl_operator_rljobs{phase}`: RLJobs the operator watches, by phase ("Unknown" before the first status write).
+  Computed at scrape time from the objects seen on the watch (`PhaseTracker`), which the watch rebuilds after a
+  restart: nothing here outlives the process or needs to.
+- `kuberl_operator_reconcile_duration_seconds{handler}`: time spent in each handler.
+- `kuberl_operator_reconcile_errors_total{handler}`: handler runs that raised (retried, temporary or permanent).
+- `kuberl_operator_restarts_total`: RayJob retries (new Ray clusters after a failure) observed by this process.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter as Tally
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kuberl.api.status import Phase
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+UNKNOWN_PHASE = "Unknown"
+
+RECONCILE_DURATION = Histogram(
+    "kuberl_operator_reconcile_duration_seconds",
+    "Time spent in one operator handler run.",
+    ["handler"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)
+RECONCILE_ERRORS = Counter(
+    "kuberl_operator_reconcile_errors",
+    "Handler runs that raised an error (kopf retries temporary ones).",
+    ["handler"],
+    registry=REGISTRY,
+)
+RESTARTS = Counter(
+    "kuberl_operator_restarts",
+    "RayJob retries (a new Ray cluster after a failed attempt) written to RLJob status.restarts.",
+    registry=REGISTRY,
+)
+
+
+class PhaseTracker(Collector):
+    """RLJob phase by object uid, fed from the RLJob watch; exported as `kuberl_operator_rljobs{phase}`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._phases: dict[str, str] = {}
+
+    def observe(self, uid: str, phase: str | None) -> None:
+        with self._lock:
+            self._phases[uid] = phase or UNKNOWN_PHASE
+
+    def forget(self, uid: str) -> None:
+        with self._lock:
+            self._phases.pop(uid, None)
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            tally = Tally(self._phases.values())
+        counts = {str(p): tally.get(str(p), 0) for p in Phase}
+        if tally.get(UNKNOWN_PHASE):
+            counts[UNKNOWN_PHASE] = tally[UNKNOWN_PHASE]
+        return counts
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily("kuberl_operator_rljobs", "RLJobs watched by the operator, by phase.", labels=["phase"])
+        for phase, count in sorted(self.counts().items()):
+            family.add_metric([phase], count)
+        yield family
+
+
+PHASES = PhaseTracker()
+REGISTRY.register(PHASES)
+
+
+@contextmanager
+def reconciling(handler: str) -> Iterator[None]:
+    """Time a handler run and count it as an error when it raises."""
+    start = time.perf_counter()
+    try:
+        yield
+    except BaseException:
+        RECONCILE_ERRORS.labels(handler).inc()
+        raise
+    finally:
+        RECONCILE_DURATION.labels(handler).observe(time.perf_counter() - start)
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 (a metrics endpoint listens on the pod IP)
+    """`/metrics` on `addr:port` in a daemon thread."""
+    start_http_server(port, addr=addr, registry=REGISTRY)

@@ -1,0 +1,354 @@
+"""What the children of an RLJob look like: a ConfigMap with the spec and a KubeRay RayJob running the trainer.
+
+Pure functions of (name, namespace, uid, spec): no kopf, no cluster. The handlers create what these return.
+The RayJob is named exactly like the RLJob (the API's `name-fits-kuberay` rule keeps names within KubeRay's
+47-character limit); the ConfigMap is `<name>-spec`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from kuberl.api.spec import API_VERSION, KIND, HeadNode, NodePool, RLJobSpec, Toleration
+from kuberl.api.validation import spec_to_wire
+
+RAYJOB_API_VERSION = "ray.io/v1"
+RAYJOB_KIND = "RayJob"
+
+RLJOB_LABEL = "kuberl.io/rljob"
+POOL_LABEL = "kuberl.io/pool"
+SPEC_HASH_ANNOTATION = "kuberl.io/spec-hash"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+SPEC_DIR = "/etc/kuberl"
+SPEC_FILE = "spec.json"
+SPEC_VOLUME = "kuberl-spec"
+SHM_VOLUME = "kuberl-dshm"
+SHM_PATH = "/dev/shm"
+RESERVED_VOLUMES = (SPEC_VOLUME, SHM_VOLUME)
+RESERVED_MOUNT_PATHS = (SPEC_DIR, SHM_PATH)
+
+TRAINER_GROUP = "trainer"
+ROLLOUT_GROUP = "rollout"
+
+# Ports KubeRay would add by default (constant.go), declared so that Services and PodMonitors can name them.
+HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001), ("metrics", 8080))
+WORKER_PORTS = (("metrics", 8080),)
+
+# Environment of every Ray pod that makes NCCL jobs fail fast and loud rather than hang:
+NCCL_ENV: tuple[tuple[str, str], ...] = (
+    ("NCCL_DEBUG", "WARN"),  # errors and warnings from NCCL in the pod log, not the INFO flood
+    ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),  # a failed collective aborts the process instead of hanging
+    ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),  # flight-recorder dump when a collective times out
+    ("CUDA_DEVICE_MAX_CONNECTIONS", "1"),  # keep compute/communication kernels in issue order (FSDP overlap)
+    ("NCCL_CUMEM_ENABLE", "0"),  # cuMem allocations break vLLM sleep/wake and IPC weight sharing
+    ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),  # less fragmentation between rollout and training
+    ("RAY_DEDUP_LOGS", "0"),  # every rank's log line, so a failing rank is visible
+)
+
+
+class RenderError(ValueError):
+    """The spec cannot be turned into a RayJob (e.g. a user volume takes a name the operator needs)."""
+
+
+def spec_json(spec: RLJobSpec) -> str:
+    """The spec as the trainer reads it from /etc/kuberl/spec.json: camelCase, defaults filled in."""
+    return json.dumps(spec_to_wire(spec), indent=2, sort_keys=True)
+
+
+def spec_hash(spec: RLJobSpec) -> str:
+    return hashlib.sha256(spec_json(spec).encode()).hexdigest()[:16]
+
+
+def configmap_name(name: str) -> str:
+    return f"{name}-spec"
+
+
+def owner_reference(name: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def common_labels(name: str, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "kuberl",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "kuberl",
+        "app.kubernetes.io/managed-by": "kuberl-operator",
+        RLJOB_LABEL: name,
+    }
+
+
+def render_configmap(name: str, namespace: str, uid: str, spec: RLJobSpec) -> dict[str, Any]:
+    """The ConfigMap `<name>-spec` holding the spec as JSON; mounted read-only at /etc/kuberl in every Ray pod."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": configmap_name(name),
+            "namespace": namespace,
+            "labels": common_labels(name, "spec"),
+            "annotations": {SPEC_HASH_ANNOTATION: spec_hash(spec)},
+            "ownerReferences": [owner_reference(name, uid)],
+        },
+        "data": {SPEC_FILE: spec_json(spec)},
+    }
+
+
+def entrypoint(name: str, namespace: str) -> str:
+    return f"python -m kuberl.trainer.run --spec-file {SPEC_DIR}/{SPEC_FILE} --name {name} --namespace {namespace}"
+
+
+def render_rayjob(name: str, namespace: str, uid: str, spec: RLJobSpec) -> dict[str, Any]:
+    """The RayJob that runs the trainer for RLJob `namespace/name` (uid: the RLJob's, for the owner reference)."""
+    _check_reserved(spec)
+    cluster = spec.cluster
+    policy = spec.run_policy
+    labels = common_labels(name, "rayjob")
+    if cluster.queue_name:
+        labels[QUEUE_LABEL] = cluster.queue_name
+    workers = [_worker_group(TRAINER_GROUP, cluster.trainer, name, namespace, spec)]
+    if spec.rollout.placement == "separate":
+        if cluster.rollout is None:  # the API's placement rule refuses this; keep the error readable anyway
+            raise RenderError("rollout.placement is separate but cluster.rollout is not set")
+        workers.append(_worker_group(ROLLOUT_GROUP, cluster.rollout, name, namespace, spec))
+    rayjob_spec: dict[str, Any] = {
+        "entrypoint": entrypoint(name, namespace),
+        "shutdownAfterJobFinishes": True,
+        "ttlSecondsAfterFinished": policy.ttl_seconds_after_finished,
+        "backoffLimit": policy.backoff_limit,
+        "suspend": policy.suspend,
+        "rayClusterSpec": {
+            "rayVersion": cluster.ray_version,
+            "headGroupSpec": _head_group(name, namespace, spec),
+            "workerGroupSpecs": workers,
+        },
+    }
+    if policy.active_deadline_seconds is not None:
+        rayjob_spec["activeDeadlineSeconds"] = policy.active_deadline_seconds
+    return {
+        "apiVersion": RAYJOB_API_VERSION,
+        "kind": RAYJOB_KIND,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {SPEC_HASH_ANNOTATION: spec_hash(spec)},
+            "ownerReferences": [owner_reference(name, uid)],
+        },
+        "spec": rayjob_spec,
+    }
+
+
+# --- pieces ------------------------------------------------------------------------
+
+
+def _check_reserved(spec: RLJobSpec) -> None:
+    for volume in spec.cluster.volumes:
+        if volume.name in RESERVED_VOLUMES:
+            raise RenderError(
+                f"cluster.volumes: the name {volume.name!r} is used by the operator; rename the volume "
+                f"(reserved: {', '.join(RESERVED_VOLUMES)})"
+            )
+    for mount in spec.cluster.volume_mounts:
+        path = mount.mount_path.rstrip("/") or "/"
+        if path in RESERVED_MOUNT_PATHS:
+            raise RenderError(
+                f"cluster.volumeMounts: {mount.name} is mounted at {mount.mount_path}, where the operator mounts "
+                f"{'the spec' if path == SPEC_DIR else 'shared memory'}; choose another mountPath"
+            )
+
+
+def _tolerations(tolerations: list[Toleration]) -> list[dict[str, Any]]:
+    return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tolerations]
+
+
+def _env(name: str, namespace: str, spec: RLJobSpec, pool: str, extra: tuple[tuple[str, str], ...] = ()) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in NCCL_ENV]
+    env += [
+        {"name": "KUBERL_RLJOB_NAME", "value": name},
+        {"name": "KUBERL_RLJOB_NAMESPACE", "value": namespace},
+        {"name": "KUBERL_SPEC_FILE", "value": f"{SPEC_DIR}/{SPEC_FILE}"},
+        {"name": "KUBERL_POOL", "value": pool},
+        {"name": "KUBERL_DEVICE", "value": spec.cluster.device},
+        *({"name": k, "value": v} for k, v in extra),
+    ]
+    # The user's variables win: a user may override any of ours (e.g. NCCL_DEBUG=INFO when debugging).
+    user = [e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in spec.cluster.env]
+    overridden = {u["name"] for u in user}
+    return [e for e in env if e["name"] not in overridden] + user
+
+
+def _volumes(name: str, shm_size: str) -> list[dict[str, Any]]:
+    return [
+        {"name": SPEC_VOLUME, "configMap": {"name": configmap_name(name)}},
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}},
+    ]
+
+
+def _user_volumes(spec: RLJobSpec) -> list[dict[str, Any]]:
+    return [v.model_dump(mode="json", by_alias=True, exclude_none=True) for v in spec.cluster.volumes]
+
+
+def _mounts(spec: RLJobSpec) -> list[dict[str, Any]]:
+    mounts = [
+        {"name": SPEC_VOLUME, "mountPath": SPEC_DIR, "readOnly": True},
+        {"name": SHM_VOLUME, "mountPath": SHM_PATH},
+    ]
+    for m in spec.cluster.volume_mounts:
+        mount: dict[str, Any] = {"name": m.name, "mountPath": m.mount_path}
+        if m.read_only:
+            mount["readOnly"] = True
+        if m.sub_path:
+            mount["subPath"] = m.sub_path
+        mounts.append(mount)
+    return mounts
+
+
+def _pod_spec(containers: list[dict[str, Any]], volumes: list[dict[str, Any]], spec: RLJobSpec,
+              node_selector: dict[str, str], tolerations: list[Toleration], affinity: dict[str, Any] | None) -> dict[str, Any]:
+    pod: dict[str, Any] = {"containers": containers, "volumes": volumes}
+    if spec.cluster.service_account_name:
+        pod["serviceAccountName"] = spec.cluster.service_account_name
+    if spec.cluster.priority_class_name:
+        pod["priorityClassName"] = spec.cluster.priority_class_name
+    if node_selector:
+        pod["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        pod["tolerations"] = _tolerations(tolerations)
+    if affinity:
+        pod["affinity"] = affinity
+    return pod
+
+
+def _ports(ports: tuple[tuple[str, int], ...]) -> list[dict[str, Any]]:
+    return [{"name": n, "containerPort": p} for n, p in ports]
+
+
+def _head_group(name: str, namespace: str, spec: RLJobSpec) -> dict[str, Any]:
+    head: HeadNode = spec.cluster.head
+    ports = HEAD_PORTS
+    if spec.trainer.metrics_port:
+        ports = (*HEAD_PORTS, ("trainer-metrics", spec.trainer.metrics_port))
+    container = {
+        "name": "ray-head",
+        "image": spec.cluster.image,
+        "imagePullPolicy": spec.cluster.image_pull_policy,
+        # the trainer's driver runs here and patches rljobs/status.progress (service account RBAC: docs/operator.md)
+        "env": _env(name, namespace, spec, "head", extra=(("KUBERL_REPORT_STATUS", "1"),)),
+        "resources": {
+            "requests": {"cpu": head.cpu, "memory": head.memory},
+            "limits": {"cpu": head.cpu, "memory": head.memory},
+        },
+        "ports": _ports(ports),
+        "volumeMounts": _mounts(spec),
+    }
+    return {
+        # num-cpus 0: Ray schedules no actors on the head; it runs the single controller (the job driver) only
+        "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
+        "template": {
+            "metadata": {"labels": {**common_labels(name, "ray-head"), POOL_LABEL: "head"}},
+            "spec": _pod_spec([container], _volumes(name, head.memory) + _user_volumes(spec), spec,
+                              head.node_selector, head.tolerations, None),
+        },
+    }
+
+
+def _worker_group(group: str, pool: NodePool, name: str, namespace: str, spec: RLJobSpec) -> dict[str, Any]:
+    limits: dict[str, Any] = {"cpu": pool.cpu, "memory": pool.memory}
+    if spec.cluster.device == "cuda":
+        limits["nvidia.com/gpu"] = pool.gpus_per_node
+    container = {
+        "name": "ray-worker",
+        "image": spec.cluster.image,
+        "imagePullPolicy": spec.cluster.image_pull_policy,
+        "env": _env(name, namespace, spec, group),
+        "resources": {"requests": {"cpu": pool.cpu, "memory": pool.memory}, "limits": limits},
+        "ports": _ports(WORKER_PORTS),
+        "volumeMounts": _mounts(spec),
+    }
+    return {
+        "groupName": group,
+        "replicas": pool.nodes,
+        "minReplicas": pool.nodes,
+        "maxReplicas": pool.nodes,
+        "numOfHosts": 1,
+        "rayStartParams": {},
+        # Ray node labels: the trainer places its actors on a pool with label selectors
+        "labels": {POOL_LABEL: group},
+        "template": {
+            "metadata": {"labels": {**common_labels(name, f"ray-{group}"), POOL_LABEL: group}},
+            "spec": _pod_spec([container], _volumes(name, pool.shared_memory) + _user_volumes(spec), spec,
+                              pool.node_selector, pool.tolerations, pool.affinity),
+        },
+    }
+
+
+
+# --- updates -----------------------------------------------------------------------
+
+# RayJob spec fields the operator renders, other than `suspend`: rebuilt only while no Ray cluster exists.
+TEMPLATE_FIELDS = ("entrypoint", "rayClusterSpec", "backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished",
+                   "shutdownAfterJobFinishes")
+NO_CLUSTER_STATES = ("", "New", "Suspended")
+
+
+def rayjob_update_ops(existing: dict[str, Any], desired: dict[str, Any], *, suspend_changed: bool) -> list[dict[str, Any]]:
+    """JSON-patch ops that bring the live RayJob towards `desired` after an RLJob spec update.
+
+    - `spec.suspend` follows runPolicy.suspend only when the user changed it: otherwise Kueue may own the flag.
+    - The cluster template and the other rendered fields change only while the RayJob has no Ray cluster
+      (suspended, or not started): KubeRay builds the next cluster from them; a running one is left alone.
+    - The Kueue queue label follows cluster.queueName under the same condition (Kueue refuses it otherwise).
+    The ops start with a `test` of the resourceVersion read, so a concurrent change makes the patch fail (409/422)
+    instead of acting on stale state.
+    """
+    ops: list[dict[str, Any]] = []
+    live = existing.get("spec") or {}
+    want = desired["spec"]
+    suspend_after = want["suspend"] if suspend_changed else bool(live.get("suspend"))
+    if suspend_changed and bool(live.get("suspend")) != want["suspend"]:
+        ops.append({"op": "add", "path": "/spec/suspend", "value": want["suspend"]})
+    jds = (existing.get("status") or {}).get("jobDeploymentStatus") or ""
+    if jds not in NO_CLUSTER_STATES:
+        return _guarded(existing, ops)
+    for key in TEMPLATE_FIELDS:
+        if key in want and live.get(key) != want[key]:
+            ops.append({"op": "add", "path": f"/spec/{key}", "value": want[key]})
+        elif key not in want and key in live:
+            ops.append({"op": "remove", "path": f"/spec/{key}"})
+    labels = (existing.get("metadata") or {}).get("labels") or {}
+    queue = desired["metadata"]["labels"].get(QUEUE_LABEL)
+    if labels.get(QUEUE_LABEL) != queue and (suspend_after or jds in NO_CLUSTER_STATES):
+        path = "/metadata/labels/" + QUEUE_LABEL.replace("~", "~0").replace("/", "~1")
+        if queue is None:
+            ops.append({"op": "remove", "path": path})
+        else:
+            if not labels:
+                ops.append({"op": "add", "path": "/metadata/labels", "value": {}})
+            ops.append({"op": "add", "path": path, "value": queue})
+    annotations = (existing.get("metadata") or {}).get("annotations") or {}
+    want_hash = desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+    if any(op["path"].startswith("/spec/") and op["path"] != "/spec/suspend" for op in ops) and \
+            annotations.get(SPEC_HASH_ANNOTATION) != want_hash:
+        if not annotations:
+            ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+        ops.append({"op": "add", "path": "/metadata/annotations/" + SPEC_HASH_ANNOTATION.replace("/", "~1"),
+                    "value": want_hash})
+    return _guarded(existing, ops)
+
+
+def _guarded(existing: dict[str, Any], ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    version = (existing.get("metadata") or {}).get("resourceVersion")
+    if not ops or version is None:
+        return ops
+    return [{"op": "test", "path": "/metadata/resourceVersion", "value": version}, *ops]

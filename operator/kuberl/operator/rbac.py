@@ -1,0 +1,50 @@
+"""The Kubernetes permissions of the operator and of the Ray pods, as data (docs/operator.md prints them).
+
+The operator needs exactly these rules in every namespace it serves (a Role per namespace with `--namespace`,
+a ClusterRole bound cluster-wide with `--all-namespaces`). Discovery (`/api`, `/apis`) is open to every
+authenticated user by default. With `settings.scanning.disabled` kopf lists no Namespaces and no CRDs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+OPERATOR_RULES: list[dict[str, Any]] = [
+    # watch RLJobs; patch = kopf's annotations (progress, last-handled-configuration)
+    {"apiGroups": ["kuberl.io"], "resources": ["rljobs"], "verbs": ["get", "list", "watch", "patch"]},
+    # phase, conditions, restarts, ...
+    {"apiGroups": ["kuberl.io"], "resources": ["rljobs/status"], "verbs": ["get", "patch"]},
+    # ownerReferences with blockOwnerDeletion: true need this where OwnerReferencesPermissionEnforcement is on
+    {"apiGroups": ["kuberl.io"], "resources": ["rljobs/finalizers"], "verbs": ["update"]},
+    # create the RayJob, watch all labelled ones, toggle suspend / update the template (JSON patch)
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    # the spec ConfigMap `<name>-spec`
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
+    # Events on RLJobs (kopf posts core/v1 Events)
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+]
+
+RAY_POD_RULES: list[dict[str, Any]] = [
+    # the trainer (driver on the Ray head) writes status.progress of its own RLJob
+    {"apiGroups": ["kuberl.io"], "resources": ["rljobs/status"], "verbs": ["get", "patch"]},
+]
+
+
+def role(name: str, namespace: str | None, rules: list[dict[str, Any]]) -> dict[str, Any]:
+    """A Role (namespace given) or ClusterRole (namespace None) with `rules`."""
+    metadata: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/part-of": "kuberl"}}
+    if namespace:
+        metadata["namespace"] = namespace
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role" if namespace else "ClusterRole",
+            "metadata": metadata, "rules": rules}
+
+
+def binding(name: str, namespace: str | None, role_name: str, subject: dict[str, Any]) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name}
+    if namespace:
+        metadata["namespace"] = namespace
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding" if namespace else "ClusterRoleBinding",
+            "metadata": metadata,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role" if namespace else "ClusterRole",
+                        "name": role_name},
+            "subjects": [subject]}

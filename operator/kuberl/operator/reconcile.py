@@ -1,0 +1,428 @@
+"""The operator's reads and writes: create-or-adopt the children, propagate spec changes, write status.
+
+Everything here reads the current state from the apiserver and writes what the pure functions (`rayjob.py`,
+`status.py`) say; nothing is remembered between calls, so the operator can be killed at any point and restarted.
+
+- Children are created by name; a 409 reads the existing object and accepts it only if its controller owner
+  reference carries this RLJob's uid (a leftover of a deleted RLJob of the same name is waited for: the
+  garbage collector removes it).
+- Status writes are JSON merge patches of `.status` carrying `metadata.resourceVersion`, so two writers (the
+  RLJob handlers and the RayJob watch) cannot overwrite each other with stale data: a 409 re-reads both objects
+  and recomputes. The trainer's `status.progress` is never part of the patch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import kopf
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from kuberl.api.spec import GROUP, PLURAL, VERSION, RLJobSpec
+from kuberl.api.status import TERMINAL_PHASES
+from kuberl.api.validation import validate_document
+from kuberl.operator import metrics
+from kuberl.operator.rayjob import (
+    SPEC_HASH_ANNOTATION,
+    RenderError,
+    configmap_name,
+    render_configmap,
+    render_rayjob,
+    rayjob_update_ops,
+)
+from kuberl.operator.status import (
+    Event,
+    invalid_status,
+    next_status,
+    now_rfc3339,
+    set_condition,
+    sort_conditions,
+    status_patch,
+    valid_condition,
+)
+
+RAY_GROUP, RAY_VERSION, RAY_PLURAL = "ray.io", "v1", "rayjobs"
+STATUS_WRITE_ATTEMPTS = 8
+TRANSIENT_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+
+log = logging.getLogger("kuberl.operator")
+
+
+class Api:
+    """The two clients the operator uses, sharing one connection pool."""
+
+    def __init__(self, api_client: client.ApiClient | None = None) -> None:
+        self.client = api_client or client.ApiClient()
+        self.custom = client.CustomObjectsApi(self.client)
+        self.core = client.CoreV1Api(self.client)
+
+    # RLJobs
+    def get_rljob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return _none_on_404(lambda: self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
+
+    def patch_rljob_status(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, body, _content_type="application/merge-patch+json")
+
+    # RayJobs
+    def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return _none_on_404(lambda: self.custom.get_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name))
+
+    def create_rayjob(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.create_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, body)
+
+    def json_patch_rayjob(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        return self.custom.patch_namespaced_custom_object(
+            RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name, ops, _content_type="application/json-patch+json")
+
+    # ConfigMaps
+    def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return _none_on_404(lambda: self.client.sanitize_for_serialization(self.core.read_namespaced_config_map(name, namespace)))
+
+    def create_configmap(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.client.sanitize_for_serialization(self.core.create_namespaced_config_map(namespace, body))
+
+    def patch_configmap(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        self.core.patch_namespaced_config_map(name, namespace, body)
+
+
+def _none_on_404(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def transient(exc: BaseException) -> bool:
+    if isinstance(exc, ApiException):
+        return exc.status in TRANSIENT_STATUS or exc.status == 0
+    return isinstance(exc, (HTTPError, ConnectionError, TimeoutError))
+
+
+def api_error_text(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"{exc.status} {exc.reason}: {(exc.body or '')[:500]}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def controller_uid(obj: dict[str, Any]) -> str | None:
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return ref.get("uid")
+    return None
+
+
+def post_events(rljob: dict[str, Any], events: list[Event]) -> None:
+    for event in events:
+        try:
+            kopf.event(rljob, type=event.type, reason=event.reason, message=event.message)
+        except LookupError:  # outside a running operator (unit tests, scripts): log only
+            log.info("event %s %s: %s", event.type, event.reason, event.message)
+
+
+# --- children ----------------------------------------------------------------------
+
+
+def _adopt_or_refuse(kind: str, existing: dict[str, Any], uid: str) -> None:
+    owner = controller_uid(existing)
+    name = existing["metadata"]["name"]
+    if owner == uid:
+        return
+    if owner is not None and any(r.get("kind") == "RLJob" for r in existing["metadata"].get("ownerReferences") or []):
+        # an RLJob of the same name was deleted and recreated; the garbage collector has not removed its child yet
+        raise kopf.TemporaryError(f"{kind} {name} still belongs to a deleted RLJob (uid {owner}); waiting for the "
+                                  "garbage collector to remove it", delay=5)
+    raise kopf.PermanentError(f"{kind} {name} already exists and is not owned by this RLJob; delete it or rename the RLJob")
+
+
+def ensure_configmap(api: Api, desired: dict[str, Any], uid: str) -> dict[str, Any]:
+    namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
+    try:
+        return api.create_configmap(namespace, desired)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    existing = api.get_configmap(namespace, name)
+    if existing is None:
+        raise kopf.TemporaryError(f"ConfigMap {name} vanished after a conflict; retrying", delay=1)
+    _adopt_or_refuse("ConfigMap", existing, uid)
+    if existing.get("data") != desired["data"]:
+        api.patch_configmap(namespace, name, {"metadata": {"annotations": desired["metadata"]["annotations"]},
+                                              "data": desired["data"]})
+    return existing
+
+
+def ensure_rayjob(api: Api, desired: dict[str, Any], uid: str) -> tuple[dict[str, Any], bool]:
+    """The RayJob, created if missing; (object, created)."""
+    namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
+    try:
+        return api.create_rayjob(namespace, desired), True
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    existing = api.get_rayjob(namespace, name)
+    if existing is None:
+        raise kopf.TemporaryError(f"RayJob {name} vanished after a conflict; retrying", delay=1)
+    _adopt_or_refuse("RayJob", existing, uid)
+    return existing, False
+
+
+# --- status ------------------------------------------------------------------------
+
+
+StatusFn = Callable[[dict[str, Any], dict[str, Any] | None], tuple[dict[str, Any], list[Event]]]
+
+
+_UNSET: Any = object()
+
+
+def write_status(api: Api, namespace: str, name: str, compute: StatusFn, *, uid: str | None = None,
+                 rljob: dict[str, Any] | None = None, rayjob: dict[str, Any] | None = _UNSET) -> dict[str, Any] | None:
+    """Read the RLJob and its RayJob, compute the new status, merge-patch it under the read resourceVersion.
+
+    `compute(old_status, rayjob_or_None) -> (new_status, events)`. `rljob`/`rayjob`, when given, are used for
+    the first attempt instead of reading them (a caller that just read or wrote them); a conflict re-reads both.
+    Returns the patched RLJob (None when it is gone or being deleted).
+    """
+    for attempt in range(STATUS_WRITE_ATTEMPTS):
+        if attempt or rljob is None:
+            rljob = api.get_rljob(namespace, name)
+        if rljob is None or rljob["metadata"].get("deletionTimestamp"):
+            return None
+        if uid is not None and rljob["metadata"]["uid"] != uid:
+            return None  # a newer RLJob of the same name: not ours to write
+        if attempt or rayjob is _UNSET:
+            rayjob = api.get_rayjob(namespace, name)
+        if rayjob is not None and controller_uid(rayjob) != rljob["metadata"]["uid"]:
+            rayjob = None
+        old = rljob.get("status") or {}
+        new, events = compute(old, rayjob)
+        patch = status_patch(old, new)
+        if not patch:
+            return rljob
+        body = {"metadata": {"resourceVersion": rljob["metadata"]["resourceVersion"]}, "status": patch}
+        try:
+            patched = api.patch_rljob_status(namespace, name, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                time.sleep(min(0.05 * 2**attempt, 1.0))
+                continue
+            if exc.status == 404:
+                return None
+            raise
+        post_events(rljob, events)
+        restarts = int(new.get("restarts") or 0) - int(old.get("restarts") or 0)
+        if restarts > 0:
+            metrics.RESTARTS.inc(restarts)
+        return patched
+    raise kopf.TemporaryError(f"status of {namespace}/{name} kept conflicting; retrying", delay=2)
+
+
+def sync_status(api: Api, namespace: str, name: str, *, generation: int | None = None, valid: bool = False,
+                uid: str | None = None, rljob: dict[str, Any] | None = None,
+                rayjob: dict[str, Any] | None = _UNSET) -> dict[str, Any] | None:
+    """Status from the RayJob (and, with `valid`, Valid=True for `generation`)."""
+
+    def compute(old: dict[str, Any], rayjob: dict[str, Any] | None) -> tuple[dict[str, Any], list[Event]]:
+        base = valid_condition(old, generation=generation) if valid else old
+        return next_status(base, rayjob, generation=generation)
+
+    return write_status(api, namespace, name, compute, uid=uid, rljob=rljob, rayjob=rayjob)
+
+
+def refuse(api: Api, body: kopf.Body | dict[str, Any], messages: list[str], reason: str = "InvalidSpec") -> None:
+    """Mark the RLJob Failed with Valid=False and stop handling it (kopf.PermanentError)."""
+    meta = body["metadata"]
+    generation = meta.get("generation")
+
+    def compute(old: dict[str, Any], _rayjob: dict[str, Any] | None) -> tuple[dict[str, Any], list[Event]]:
+        return invalid_status(old, messages, reason=reason, generation=generation)
+
+    write_status(api, meta["namespace"], meta["name"], compute, uid=meta.get("uid"))
+    raise kopf.PermanentError("; ".join(messages))
+
+
+def mark_invalid_update(api: Api, body: kopf.Body | dict[str, Any], messages: list[str]) -> None:
+    """A live job whose spec (an update, or the stored one after an operator upgrade) fails validation:
+    Valid=False and a Warning Event; the job keeps running with what it has."""
+    meta = body["metadata"]
+    message = "; ".join(messages)
+
+    def compute(old: dict[str, Any], _rayjob: dict[str, Any] | None) -> tuple[dict[str, Any], list[Event]]:
+        new = {k: v for k, v in old.items() if k != "kopf"}
+        conditions = list(new.get("conditions") or [])
+        set_condition(conditions, "Valid", False, "InvalidSpec", f"not applied to the running job: {message}", now_rfc3339(),
+                      meta.get("generation"))
+        new["conditions"] = sort_conditions(conditions)
+        return new, [Event("Warning", "InvalidSpec", f"spec not applied to the running job: {message}")]
+
+    write_status(api, meta["namespace"], meta["name"], compute, uid=meta.get("uid"))
+    raise kopf.PermanentError(message)
+
+
+# --- the reconcile steps the handlers call -----------------------------------------
+
+
+def spec_issues(body: kopf.Body | dict[str, Any]) -> list[str]:
+    doc = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+           "metadata": {"name": body["metadata"]["name"]}, "spec": dict(body.get("spec") or {})}
+    return [str(issue) for issue in validate_document(_plain(doc))]
+
+
+def _plain(value: Any) -> Any:
+    """kopf's Body/Spec views → plain dicts and lists (pydantic and CEL want real mappings)."""
+    if isinstance(value, dict) or hasattr(value, "items"):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def ensure(api: Api, body: kopf.Body | dict[str, Any], logger: logging.Logger | logging.LoggerAdapter = log) -> None:
+    """Create-or-adopt the ConfigMap and the RayJob of a valid RLJob and write its status (create/resume)."""
+    meta = body["metadata"]
+    name, namespace, uid, generation = meta["name"], meta["namespace"], meta["uid"], meta.get("generation")
+    phase = (body.get("status") or {}).get("phase")
+    if phase in TERMINAL_PHASES:
+        logger.debug("RLJob is %s; nothing to do", phase)
+        return
+    issues = spec_issues(body)
+    if issues and (body.get("status") or {}).get("rayJobName"):
+        # already running (e.g. admitted under an older rule set, seen again after an operator upgrade):
+        # flag it, keep following its RayJob, do not fail a live job
+        mark_invalid_update(api, body, issues)
+    if issues:
+        refuse(api, body, issues)
+    spec = RLJobSpec.model_validate(_plain(body["spec"]))
+    try:
+        configmap = render_configmap(name, namespace, uid, spec)
+        rayjob = render_rayjob(name, namespace, uid, spec)
+    except RenderError as exc:
+        refuse(api, body, [str(exc)])
+    owner = _plain(body)
+    kopf.adopt([configmap, rayjob], owner=owner)  # also copies the RLJob's labels (e.g. a Kueue queue label)
+    try:
+        ensure_configmap(api, configmap, uid)
+        existing, created = ensure_rayjob(api, rayjob, uid)
+    except ApiException as exc:
+        if transient(exc):
+            raise kopf.TemporaryError(f"API error while creating children: {api_error_text(exc)}", delay=2) from exc
+        if exc.status == 404:  # the namespace is going away, or ray.io/v1 RayJob is not served (KubeRay missing)
+            raise kopf.TemporaryError("cannot create children (404): is KubeRay's RayJob CRD (ray.io/v1) installed? "
+                                      f"{api_error_text(exc)}", delay=30) from exc
+        if exc.status == 403:  # the operator's RBAC, not the user's spec: keep retrying, loudly
+            raise kopf.TemporaryError(f"forbidden to create children; check the operator's RBAC (docs/operator.md): "
+                                      f"{api_error_text(exc)}", delay=60) from exc
+        if exc.status in (400, 422):
+            refuse(api, body, [f"the apiserver refused a child object: {api_error_text(exc)}"], reason="CreateFailed")
+        raise
+    if created:
+        logger.info("created RayJob %s and ConfigMap %s", name, configmap_name(name))
+    sync_status(api, namespace, name, generation=generation, valid=True, uid=uid, rljob=_plain(body), rayjob=existing)
+
+
+def suspend_of(spec: Any) -> bool:
+    """runPolicy.suspend of a spec (as kopf passes `old`/`new` to a `field="spec"` update handler)."""
+    return bool(((spec or {}).get("runPolicy") or {}).get("suspend", False))
+
+
+def apply_update(api: Api, body: kopf.Body | dict[str, Any], old_spec: Any, new_spec: Any,
+                 logger: logging.Logger | logging.LoggerAdapter = log) -> None:
+    """Propagate a spec change: the spec ConfigMap always, runPolicy.suspend always, the rest only while the
+    RayJob has no Ray cluster (suspended or not started): a running cluster is never rebuilt under the trainer."""
+    meta = body["metadata"]
+    name, namespace, uid, generation = meta["name"], meta["namespace"], meta["uid"], meta.get("generation")
+    phase = (body.get("status") or {}).get("phase")
+    if phase in TERMINAL_PHASES:
+        logger.info("RLJob is %s; the spec change is not applied", phase)
+        return
+    issues = spec_issues(body)
+    if issues:
+        mark_invalid_update(api, body, issues)
+    spec = RLJobSpec.model_validate(_plain(body["spec"]))
+    try:
+        configmap = render_configmap(name, namespace, uid, spec)
+        desired = render_rayjob(name, namespace, uid, spec)
+    except RenderError as exc:
+        mark_invalid_update(api, body, [str(exc)])
+    kopf.adopt([configmap, desired], owner=_plain(body))
+    suspend_changed = suspend_of(old_spec) != suspend_of(new_spec)
+    try:
+        ensure_configmap(api, configmap, uid)
+        for attempt in range(4):
+            existing = api.get_rayjob(namespace, name)
+            if existing is None:
+                existing, _ = ensure_rayjob(api, desired, uid)
+            else:
+                _adopt_or_refuse("RayJob", existing, uid)
+            ops = rayjob_update_ops(existing, desired, suspend_changed=suspend_changed)
+            if not ops:
+                break
+            try:
+                api.json_patch_rayjob(namespace, name, ops)
+            except ApiException as exc:  # the resourceVersion test failed: someone changed it; re-read
+                if exc.status in (409, 422) and attempt < 3:
+                    continue
+                raise
+            logger.info("patched RayJob %s: %s", name, ", ".join(op["path"] for op in ops if op["op"] != "test"))
+            break
+    except ApiException as exc:
+        if transient(exc):
+            raise kopf.TemporaryError(f"API error while updating children: {api_error_text(exc)}", delay=2) from exc
+        raise
+    sync_status(api, namespace, name, generation=generation, valid=True, uid=uid)
+
+
+def on_rayjob(api: Api, rayjob: dict[str, Any], *, deleted: bool = False) -> None:
+    """A watched RayJob changed: recompute its owner's status (retrying transient errors a few times).
+
+    The RayJob from the watch event is used as is for the first attempt (deleted: None); the RLJob is read.
+    """
+    meta = rayjob.get("metadata") or {}
+    owner = next((r for r in meta.get("ownerReferences") or [] if r.get("controller") and r.get("kind") == "RLJob"), None)
+    if owner is None:
+        return
+    namespace, name, uid = meta["namespace"], owner["name"], owner["uid"]
+    for attempt in range(5):
+        try:
+            sync_status(api, namespace, name, uid=uid, rayjob=None if deleted else rayjob)
+            return
+        except (ApiException, HTTPError, kopf.TemporaryError) as exc:
+            if attempt == 4 or (isinstance(exc, ApiException) and not transient(exc)):
+                raise
+            time.sleep(0.5 * 2**attempt)
+
+
+def resync_all(api: Api, namespaces: list[str] | None) -> int:
+    """Recompute every RLJob's status from its RayJob (a safety net for missed watch events); returns writes."""
+    writes = 0
+    scopes = namespaces or [None]
+    for ns in scopes:
+        if ns is None:
+            rljobs = api.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
+        else:
+            rljobs = api.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
+        for rljob in rljobs:
+            meta = rljob["metadata"]
+            if (rljob.get("status") or {}).get("phase") in TERMINAL_PHASES or meta.get("deletionTimestamp"):
+                continue
+            if not (rljob.get("status") or {}).get("rayJobName"):
+                continue  # the create handler has not finished; it writes the status itself
+            before = meta["resourceVersion"]
+            after = sync_status(api, meta["namespace"], meta["name"], uid=meta["uid"])
+            if after is not None and after["metadata"]["resourceVersion"] != before:
+                writes += 1
+    return writes
+
+
+__all__ = [
+    "Api", "SPEC_HASH_ANNOTATION", "apply_update", "ensure", "ensure_configmap", "ensure_rayjob", "on_rayjob",
+    "refuse", "resync_all", "sync_status", "write_status",
+]

@@ -1,0 +1,44 @@
+"""The operator's kopf settings, in one place (docs/operator.md explains each)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import kopf
+
+PREFIX = "kuberl.io"
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorConfig:
+    """What `python -m kuberl.operator` parses from its command line."""
+
+    namespaces: tuple[str, ...] = ()
+    all_namespaces: bool = False
+    metrics_port: int = 8080
+    health_port: int = 8081
+    max_workers: int = 16
+    resync_seconds: float = 300.0
+
+
+def configure(settings: kopf.OperatorSettings, *, max_workers: int = 16) -> None:
+    # Events from log lines only for warnings and errors; transitions post their own Events.
+    settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = "kuberl-operator"
+    # Handlers are synchronous (kubernetes client); this bounds concurrent reconciles (and API connections).
+    settings.execution.max_workers = max_workers
+    # Retry delays of a failing handler without an explicit delay (`settings.batching` in older kopf).
+    settings.queueing.error_delays = (1, 2, 5, 10, 20, 30, 60, 120, 300)
+    # kopf's own bookkeeping lives in annotations, never in .status: the CRD would prune what it doesn't declare.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=PREFIX, key="last-handled-configuration")
+    settings.persistence.finalizer = f"{PREFIX}/finalizer"  # unused: no handler needs one (GC via ownerReferences)
+    # Exactly one replica: no peering objects, no leader election (docs/operator.md).
+    settings.peering.standalone = True
+    # Serve the namespaces given on the command line only; no list/watch of Namespaces and CRDs needed.
+    settings.scanning.disabled = True
+    # Reconnect watches periodically so that a silently dead connection cannot stall the operator.
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 60

@@ -1,0 +1,229 @@
+"""render_rayjob / render_configmap: the RayJob KubeRay would run, for every example and the corner cases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from e2e.operator.kuberay_rules import kuberay_checks, rayjob_schema_errors
+from kuberl.api import load_rljob
+from kuberl.api.spec import RLJobSpec
+from kuberl.operator.rayjob import (
+    NCCL_ENV,
+    RenderError,
+    configmap_name,
+    entrypoint,
+    render_configmap,
+    render_rayjob,
+    spec_hash,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+UID = "0b0b0b0b-1111-2222-3333-444444444444"
+
+
+def base_spec(**cluster) -> dict:
+    return {
+        "model": {"path": "/models/m"},
+        "algorithm": {"advantageEstimator": "grpo"},
+        "data": {"trainFiles": ["/data/train.parquet"]},
+        "batch": {"trainBatchSize": 64, "rolloutN": 4, "ppoMiniBatchSize": 32, "ppoMicroBatchSizePerGPU": 4},
+        "cluster": {"trainer": {"nodes": 2, "gpusPerNode": 8}, **cluster},
+    }
+
+
+def spec_of(doc: dict) -> RLJobSpec:
+    return RLJobSpec.model_validate(doc)
+
+
+def containers(group: dict) -> list[dict]:
+    return group["template"]["spec"]["containers"]
+
+
+def env_of(container: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_renders_a_rayjob_the_kuberay_crd_and_controller_accept(path: Path) -> None:
+    name, spec = load_rljob(path)
+    rayjob = render_rayjob(name, "team-a", UID, spec)
+    assert rayjob_schema_errors(rayjob) == []
+    assert kuberay_checks(rayjob) == []
+
+
+def test_the_strict_schema_catches_an_unknown_field() -> None:
+    rayjob = render_rayjob("j", "ns", UID, spec_of(base_spec()))
+    rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicaz"] = 2
+    assert any("replicaz" in e for e in rayjob_schema_errors(rayjob))
+
+
+def test_kuberay_checks_catch_suspend_without_shutdown_and_long_names() -> None:
+    rayjob = render_rayjob("j" * 48, "ns", UID, spec_of(base_spec()))
+    rayjob["spec"]["suspend"] = True
+    rayjob["spec"]["shutdownAfterJobFinishes"] = False
+    errors = kuberay_checks(rayjob)
+    assert any("47" in e for e in errors)
+    assert any("suspended" in e for e in errors)
+
+
+def test_rayjob_is_named_like_the_rljob_and_owned_by_it() -> None:
+    rayjob = render_rayjob("gsm8k", "team-a", UID, spec_of(base_spec()))
+    meta = rayjob["metadata"]
+    assert (meta["name"], meta["namespace"]) == ("gsm8k", "team-a")
+    assert meta["ownerReferences"] == [{
+        "apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "name": "gsm8k", "uid": UID,
+        "controller": True, "blockOwnerDeletion": True,
+    }]
+    assert meta["labels"]["kuberl.io/rljob"] == "gsm8k"
+    assert meta["labels"]["app.kubernetes.io/managed-by"] == "kuberl-operator"
+    assert "kueue.x-k8s.io/queue-name" not in meta["labels"]
+
+
+def test_queue_name_becomes_the_kueue_label() -> None:
+    rayjob = render_rayjob("j", "ns", UID, spec_of(base_spec(queueName="team-a-gpus")))
+    assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-gpus"
+
+
+def test_entrypoint_runs_the_trainer_on_the_mounted_spec() -> None:
+    rayjob = render_rayjob("gsm8k", "team-a", UID, spec_of(base_spec()))
+    assert rayjob["spec"]["entrypoint"] == (
+        "python -m kuberl.trainer.run --spec-file /etc/kuberl/spec.json --name gsm8k --namespace team-a"
+    )
+    assert rayjob["spec"]["entrypoint"] == entrypoint("gsm8k", "team-a")
+
+
+def test_run_policy_maps_to_rayjob_fields() -> None:
+    doc = base_spec()
+    doc["runPolicy"] = {"suspend": True, "backoffLimit": 3, "activeDeadlineSeconds": 7200, "ttlSecondsAfterFinished": 60}
+    spec = render_rayjob("j", "ns", UID, spec_of(doc))["spec"]
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert (spec["suspend"], spec["backoffLimit"], spec["activeDeadlineSeconds"], spec["ttlSecondsAfterFinished"]) == (
+        True, 3, 7200, 60)
+
+
+def test_active_deadline_is_omitted_unless_set() -> None:
+    spec = render_rayjob("j", "ns", UID, spec_of(base_spec()))["spec"]
+    assert "activeDeadlineSeconds" not in spec
+    assert spec["suspend"] is False and spec["backoffLimit"] == 0
+
+
+def test_head_has_no_gpus_and_reports_status() -> None:
+    doc = base_spec(head={"cpu": "2", "memory": "8Gi", "nodeSelector": {"pool": "cpu"}})
+    head = render_rayjob("j", "ns", UID, spec_of(doc))["spec"]["rayClusterSpec"]["headGroupSpec"]
+    (container,) = containers(head)
+    assert container["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}}
+    assert env_of(container)["KUBERL_REPORT_STATUS"] == "1"
+    assert head["template"]["spec"]["nodeSelector"] == {"pool": "cpu"}
+    assert head["rayStartParams"]["num-cpus"] == "0"
+
+
+def test_trainer_group_has_fixed_size_gpus_shm_and_nccl_env() -> None:
+    doc = base_spec()
+    doc["cluster"]["trainer"].update({
+        "cpu": "32", "memory": "256Gi", "sharedMemory": "32Gi", "nodeSelector": {"pool": "h100"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
+    })
+    (group,) = render_rayjob("j", "ns", UID, spec_of(doc))["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert group["groupName"] == "trainer"
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 2
+    (container,) = containers(group)
+    assert container["resources"]["limits"] == {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": 8}
+    assert container["resources"]["requests"] == {"cpu": "32", "memory": "256Gi"}
+    pod = group["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "h100"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5}]
+    assert pod["affinity"]["nodeAffinity"]
+    shm = next(v for v in pod["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory")
+    assert shm["emptyDir"]["sizeLimit"] == "32Gi"
+    assert {"name": shm["name"], "mountPath": "/dev/shm"} in container["volumeMounts"]
+    env = env_of(container)
+    for key, value in NCCL_ENV:
+        assert env[key] == value
+    assert "KUBERL_REPORT_STATUS" not in env
+
+
+def test_cpu_device_requests_no_gpus() -> None:
+    name, spec = load_rljob(ROOT / "examples" / "tiny-cpu.yaml")
+    rayjob = render_rayjob(name, "ns", UID, spec)
+    for group in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]:
+        assert "nvidia.com/gpu" not in containers(group)[0]["resources"]["limits"]
+
+
+def test_separate_placement_adds_a_rollout_group_from_cluster_rollout() -> None:
+    name, spec = load_rljob(ROOT / "examples" / "separate-rollout.yaml")
+    groups = render_rayjob(name, "ns", UID, spec)["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert [g["groupName"] for g in groups] == ["trainer", "rollout"]
+    rollout = groups[1]
+    assert rollout["replicas"] == spec.cluster.rollout.nodes
+    assert rollout["template"]["spec"]["nodeSelector"] == {"pool": "h200-rollout"}
+    assert env_of(containers(rollout)[0])["KUBERL_POOL"] == "rollout"
+
+
+def test_colocated_placement_has_only_the_trainer_group() -> None:
+    groups = render_rayjob("j", "ns", UID, spec_of(base_spec()))["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert [g["groupName"] for g in groups] == ["trainer"]
+
+
+def test_every_pod_mounts_the_spec_configmap_and_the_user_volumes() -> None:
+    doc = base_spec(
+        volumes=[{"name": "ckpt", "persistentVolumeClaim": {"claimName": "rl-ckpt"}}],
+        volumeMounts=[{"name": "ckpt", "mountPath": "/checkpoints", "subPath": "run1"}],
+        env=[{"name": "HF_HOME", "value": "/checkpoints/hf"}, {"name": "NCCL_DEBUG", "value": "INFO"},
+             {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+        image="registry.example/kuberl:1", imagePullPolicy="Always", serviceAccountName="rl-runner",
+        priorityClassName="training", rayVersion="2.60.1",
+    )
+    rayjob = render_rayjob("j", "ns", UID, spec_of(doc))
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    assert cluster["rayVersion"] == "2.60.1"
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        pod = group["template"]["spec"]
+        (container,) = pod["containers"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["kuberl-spec"] == {"name": "kuberl-spec", "configMap": {"name": configmap_name("j")}}
+        assert volumes["ckpt"] == {"name": "ckpt", "persistentVolumeClaim": {"claimName": "rl-ckpt"}}
+        assert {"name": "kuberl-spec", "mountPath": "/etc/kuberl", "readOnly": True} in container["volumeMounts"]
+        assert {"name": "ckpt", "mountPath": "/checkpoints", "subPath": "run1"} in container["volumeMounts"]
+        assert (container["image"], container["imagePullPolicy"]) == ("registry.example/kuberl:1", "Always")
+        assert (pod["serviceAccountName"], pod["priorityClassName"]) == ("rl-runner", "training")
+        env = env_of(container)
+        assert env["HF_HOME"] == "/checkpoints/hf"
+        assert env["NCCL_DEBUG"] == "INFO"  # the user's value wins
+        assert [e["name"] for e in container["env"]].count("NCCL_DEBUG") == 1
+        assert {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}} in container["env"]
+    assert rayjob_schema_errors(rayjob) == []
+    assert kuberay_checks(rayjob) == []
+
+
+@pytest.mark.parametrize("cluster", [
+    {"volumes": [{"name": "kuberl-spec", "emptyDir": {}}]},
+    {"volumes": [{"name": "v", "emptyDir": {}}], "volumeMounts": [{"name": "v", "mountPath": "/dev/shm/"}]},
+    {"volumes": [{"name": "v", "emptyDir": {}}], "volumeMounts": [{"name": "v", "mountPath": "/etc/kuberl"}]},
+])
+def test_user_volumes_cannot_take_the_operators_names_or_paths(cluster: dict) -> None:
+    with pytest.raises(RenderError, match="cluster.volume"):
+        render_rayjob("j", "ns", UID, spec_of(base_spec(**cluster)))
+
+
+def test_configmap_holds_the_defaulted_spec_as_json() -> None:
+    spec = spec_of(base_spec())
+    cm = render_configmap("gsm8k", "team-a", UID, spec)
+    assert cm["metadata"]["name"] == "gsm8k-spec"
+    assert cm["metadata"]["ownerReferences"][0]["uid"] == UID
+    data = json.loads(cm["data"]["spec.json"])
+    assert data["batch"]["trainBatchSize"] == 64
+    assert data["rollout"]["engine"] == "vllm"  # a default, filled in
+    assert RLJobSpec.model_validate(data) == spec
+
+
+def test_spec_hash_is_stable_and_tracks_changes() -> None:
+    a, b = spec_of(base_spec()), spec_of(base_spec(image="other:1"))
+    assert spec_hash(a) == spec_hash(spec_of(base_spec()))
+    assert spec_hash(a) != spec_hash(b)
+    assert render_rayjob("j", "ns", UID, a)["metadata"]["annotations"]["kuberl.io/spec-hash"] == spec_hash(a)
