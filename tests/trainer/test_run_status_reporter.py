@@ -1,0 +1,59 @@
+"""RLJob status progress reports: rate limit, merge-patch body, and API errors that never fail a run."""
+
+from kuberl.trainer.status_reporter import StatusReporter
+
+
+class FakeApi:
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[tuple] = []
+        self.fail = fail
+
+    def patch_namespaced_custom_object_status(self, group, version, namespace, plural, name, body):
+        self.calls.append((group, version, namespace, plural, name, body))
+        if self.fail:
+            raise RuntimeError("apiserver unavailable")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_is_patched_into_the_rljob_status():
+    api = FakeApi()
+    reporter = StatusReporter("tiny", "team", api=api, clock=Clock())
+    assert reporter.report({"step": 3, "totalSteps": 30, "rewardMean": 0.5, "lastCheckpoint": None})
+    group, version, namespace, plural, name, body = api.calls[0]
+    assert (group, version, namespace, plural, name) == ("kuberl.io", "v1alpha1", "team", "rljobs", "tiny")
+    progress = body["status"]["progress"]
+    assert progress["step"] == 3 and progress["totalSteps"] == 30 and progress["rewardMean"] == 0.5
+    assert "lastCheckpoint" not in progress and progress["updatedAt"].endswith("Z")
+
+
+def test_reports_are_rate_limited_to_one_per_interval_unless_forced():
+    api, clock = FakeApi(), Clock()
+    reporter = StatusReporter("tiny", "team", api=api, clock=clock, min_interval=10)
+    assert reporter.report({"step": 1})
+    clock.now += 5
+    assert not reporter.report({"step": 2})
+    assert reporter.report({"step": 3}, force=True)
+    clock.now += 10
+    assert reporter.report({"step": 4})
+    assert [c[-1]["status"]["progress"]["step"] for c in api.calls] == [1, 3, 4]
+
+
+def test_api_errors_are_logged_not_raised(caplog):
+    reporter = StatusReporter("tiny", "team", api=FakeApi(fail=True), clock=Clock())
+    assert reporter.report({"step": 1}) is False
+    assert reporter.failures == 1 and "status patch failed" in caplog.text
+
+
+def test_reporting_is_off_outside_the_cluster(monkeypatch):
+    monkeypatch.setenv("KUBERL_REPORT_STATUS", "1")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert StatusReporter.from_env("tiny", "team") is None
+    monkeypatch.delenv("KUBERL_REPORT_STATUS")
+    assert StatusReporter.from_env("tiny", "team") is None

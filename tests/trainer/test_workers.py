@@ -1,0 +1,173 @@
+"""Worker groups on a local Ray: loss normalisation is invariant to ranks and micro-batching, log-probs agree
+with the rollout's, and weight sync reaches the rollout."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from kuberl.api import parse_spec
+from kuberl.api.spec import LoRA
+from kuberl.trainer.microbatch import shard_mini_batches
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = "tiny://llama?hidden=32&layers=2&heads=2&kv_heads=1&seed=1"
+
+
+def spec_for(dp: int, **batch) -> object:
+    return parse_spec({
+        "model": {"path": TINY, "dtype": "float32", "gradientCheckpointing": False},
+        "algorithm": {"advantageEstimator": "grpo"},
+        "data": {"trainFiles": [str(REPO / "examples/data/digits-train.parquet")], "maxPromptLength": 16,
+                 "maxResponseLength": 6},
+        "batch": {"trainBatchSize": 4, "rolloutN": 2, "ppoMiniBatchSize": 4, "ppoMicroBatchSizePerGPU": 1,
+                  **batch},
+        "rollout": {"engine": "hf", "calculateLogProbs": True},
+        "actor": {"optim": {"lr": 1e-2, "weightDecay": 0.0}},
+        "trainer": {"metricsPort": 0},
+        "cluster": {"device": "cpu", "trainer": {"nodes": 1, "gpusPerNode": dp}},
+    })
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=max(4, os.cpu_count() or 1),
+             include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+class Group:
+    def __init__(self, spec) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+
+        from kuberl.trainer.workers import ActorWorker, WorkerGroup
+
+        dp = spec.cluster.trainer.gpus_per_node
+        self.pg = placement_group([{"CPU": 1.0}] * dp)
+        ray.get(self.pg.ready())
+        self.group = WorkerGroup(ActorWorker, role="actor", spec=spec, placement_group=self.pg, world_size=dp,
+                                 threads=1)
+        self.info = self.group.all("init_model", 10)[0]
+
+    def close(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        self.group.kill()
+        remove_placement_group(self.pg)
+
+
+def fixed_rows() -> dict[str, torch.Tensor]:
+    """8 responses with different prompt and response lengths, old log-probs, advantages."""
+    gen = torch.Generator().manual_seed(0)
+    n, p, r = 8, 7, 6
+    prompt_lens = [7, 3, 5, 2, 6, 4, 7, 1]
+    response_lens = [6, 2, 4, 1, 3, 6, 5, 2]
+    rows = {"prompts": torch.zeros(n, p, dtype=torch.long), "prompt_mask": torch.zeros(n, p, dtype=torch.long),
+            "responses": torch.zeros(n, r, dtype=torch.long), "response_mask": torch.zeros(n, r, dtype=torch.long)}
+    for i, (pl, rl) in enumerate(zip(prompt_lens, response_lens)):
+        rows["prompts"][i, p - pl:] = torch.randint(4, 100, (pl,), generator=gen)
+        rows["prompt_mask"][i, p - pl:] = 1
+        rows["responses"][i, :rl] = torch.randint(4, 100, (rl,), generator=gen)
+        rows["response_mask"][i, :rl] = 1
+    rows["advantages"] = torch.randn(n, 1, generator=gen).expand(n, r) * rows["response_mask"]
+    return rows
+
+
+def update_once(spec) -> dict[str, torch.Tensor]:
+    """One actor update on fixed_rows (old log-probs from the same model) and the full weights afterwards."""
+    group = Group(spec)
+    try:
+        dp = len(group.group)
+        rows = fixed_rows()
+        keys = ("prompts", "prompt_mask", "responses", "response_mask")
+        per = len(rows["responses"]) // dp
+        shards = [{k: rows[k][i * per:(i + 1) * per] for k in keys} for i in range(dp)]
+        old = torch.cat([o["log_probs"] for o in group.group.each("compute_log_probs", [(s,) for s in shards])])
+        rows["old_log_probs"] = old
+        totals = [{"tokens": float(rows["response_mask"].sum()), "seqs": 8.0}]
+        mine = shard_mini_batches(rows, mini_batch_rows=8, dp=dp)
+        group.group.each("update", [(m, totals) for m in mine])
+        weights = group.group.all("full_weights")
+        for other in weights[1:]:  # every rank gathers the same full weights
+            assert all(torch.equal(other[k], weights[0][k]) for k in weights[0])
+        return weights[0]
+    finally:
+        group.close()
+
+
+@pytest.mark.timeout(300)
+def test_one_update_gives_the_same_weights_for_any_rank_count_and_micro_batching(local_ray):
+    reference = update_once(spec_for(1, ppoMiniBatchSize=4, ppoMicroBatchSizePerGPU=8))
+    variants = {
+        "1 rank, micro 1": spec_for(1, ppoMicroBatchSizePerGPU=1),
+        "2 ranks, micro 2": spec_for(2, ppoMicroBatchSizePerGPU=2),
+        "2 ranks, dynamic": spec_for(2, dynamicBatchSize={"enabled": True, "maxTokenLenPerGPU": 24}),
+    }
+    for label, spec in variants.items():
+        weights = update_once(spec)
+        for name, tensor in reference.items():
+            torch.testing.assert_close(weights[name], tensor, rtol=1e-4, atol=1e-5, msg=f"{label}: {name}")
+
+
+@pytest.mark.timeout(300)
+def test_training_log_probs_match_the_rollout_after_a_weight_sync(local_ray):
+    group = Group(spec_for(2))
+    try:
+        prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14]]
+        sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 6}
+        rows_before = group.group.each("generate", [(prompts[:2], 2, sampling), (prompts[2:], 2, sampling)])
+        # an update changes the weights; sync them and generate again
+        rows = rows_before[0]
+        rows["old_log_probs"] = group.group.each("compute_log_probs", [(rows,), (rows,)])[0]["log_probs"]
+        rows["advantages"] = torch.ones_like(rows["old_log_probs"]) * rows["response_mask"]
+        totals = [{"tokens": float(rows["response_mask"].sum()) * 2, "seqs": 8.0}]
+        keys = ("prompts", "prompt_mask", "responses", "response_mask", "old_log_probs", "advantages")
+        mb = {k: rows[k] for k in keys}
+        group.group.each("update", [([mb], totals), ([mb], totals)])
+        group.group.all("sync_weights")
+        fresh = group.group.each("generate", [(prompts[:2], 2, sampling), (prompts[2:], 2, sampling)])
+        for batch in fresh:
+            recomputed = group.group.each("compute_log_probs", [(batch,), (batch,)])[0]["log_probs"]
+            mask = batch["response_mask"].bool()
+            torch.testing.assert_close(recomputed[mask], batch["rollout_log_probs"][mask], rtol=1e-4, atol=1e-4)
+        stale = group.group.each("compute_log_probs", [(rows_before[1],), (rows_before[1],)])[0]["log_probs"]
+        mask = rows_before[1]["response_mask"].bool()
+        assert not torch.allclose(stale[mask], rows_before[1]["rollout_log_probs"][mask], atol=1e-4)
+    finally:
+        group.close()
+
+
+@pytest.mark.timeout(300)
+def test_lora_reference_is_the_base_model_and_the_rollout_gets_merged_weights(local_ray):
+    spec = spec_for(2)
+    spec.model.lora = LoRA(rank=4, alpha=8)
+    spec.algorithm.kl.loss.enabled = True
+    group = Group(spec)
+    try:
+        rows = fixed_rows()
+        keys = ("prompts", "prompt_mask", "responses", "response_mask")
+        shards = [{k: rows[k][i * 4:(i + 1) * 4] for k in keys} for i in range(2)]
+        policy = torch.cat([o["log_probs"] for o in group.group.each("compute_log_probs", [(s,) for s in shards])])
+        ref = torch.cat([o["ref_log_probs"] for o in group.group.each("compute_ref_log_probs", [(s,) for s in shards])])
+        torch.testing.assert_close(policy, ref)  # lora_B starts at zero: the adapter is a no-op
+        base = group.group.all("full_weights")[0]
+        assert not any("lora" in name or "base_layer" in name for name in base)
+        rows["old_log_probs"] = policy
+        rows["ref_log_probs"] = ref
+        totals = [{"tokens": float(rows["response_mask"].sum()), "seqs": 8.0}]
+        group.group.each("update", [(m, totals) for m in shard_mini_batches(rows, mini_batch_rows=8, dp=2)])
+        after = torch.cat([o["log_probs"] for o in group.group.each("compute_log_probs", [(s,) for s in shards])])
+        ref_after = torch.cat([o["ref_log_probs"]
+                               for o in group.group.each("compute_ref_log_probs", [(s,) for s in shards])])
+        torch.testing.assert_close(ref_after, ref)  # the base weights are frozen
+        assert not torch.allclose(after, policy)
+        merged = group.group.all("full_weights")[0]
+        changed = [n for n in merged if not torch.equal(merged[n], base[n])]
+        assert changed and all("proj" in n for n in changed)  # only adapted linear layers moved
+    finally:
+        group.close()

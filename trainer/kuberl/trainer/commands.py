@@ -1,0 +1,154 @@
+"""The trainer's ``kuberl`` subcommands: run, export, plot, data, stats.
+
+Imported by ``kuberl.cli`` on every invocation, so nothing heavy (torch, ray, transformers) is imported at module
+level; each command imports what it needs when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+Handler = Callable[[argparse.Namespace], int]
+
+DATA_TASKS = ("gsm8k-synth", "digits")
+
+
+def add_commands(sub: argparse._SubParsersAction, make_handler: Callable[[str], Handler]) -> None:
+    run_p = sub.add_parser("run", help="train an RLJob on an embedded local Ray (or --address), no Kubernetes")
+    run_p.add_argument("file", help="RLJob YAML (one document)")
+    run_p.add_argument("--address", help="join this Ray cluster (ray start / Slurm) instead of starting one")
+    run_p.add_argument("--run-dir", help="metrics, plots and logs (default runs/<rljob name>/)")
+    run_p.add_argument("--steps", type=int, help="override trainer.totalSteps")
+    run_p.add_argument("--no-progress", action="store_true", help="no progress bar (summary lines only)")
+    run_p.set_defaults(func=make_handler("run"))
+
+    export_p = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face safetensors folder")
+    export_p.add_argument("checkpoint", help="a global_step_N folder, or a checkpointDir (its latest checkpoint)")
+    export_p.add_argument("out", help="output folder")
+    export_p.set_defaults(func=make_handler("export"))
+
+    plot_p = sub.add_parser("plot", help="plot reward, KL, response length and throughput of a run")
+    plot_p.add_argument("run_dir", help="a run folder holding metrics.jsonl")
+    plot_p.add_argument("--output", help="PNG path (default RUN_DIR/metrics.png)")
+    plot_p.set_defaults(func=make_handler("plot"))
+
+    data_p = sub.add_parser("data", help="generate a dataset in verl's schema")
+    data_p.add_argument("task", choices=DATA_TASKS, help="gsm8k-synth: GSM8K-like word problems; digits: tiny models")
+    data_p.add_argument("--out", required=True, help=".parquet or .jsonl")
+    data_p.add_argument("--n", type=int, default=1000, help="rows")
+    data_p.add_argument("--seed", type=int, default=0)
+    data_p.add_argument("--split", default="train")
+    data_p.set_defaults(func=make_handler("data"))
+
+    stats_p = sub.add_parser("stats", help="token-length percentiles of a dataset and suggested length limits")
+    stats_p.add_argument("files", nargs="+", help="parquet / jsonl files")
+    stats_p.add_argument("--tokenizer", required=True, help="model path (as in model.path) whose tokenizer counts")
+    stats_p.add_argument("--prompt-key", default="prompt")
+    stats_p.set_defaults(func=make_handler("stats"))
+
+
+def print_invalid(exc: Exception, source: str, name: str) -> None:
+    """The same text as ``kuberl validate`` for an invalid RLJob."""
+    issues = getattr(exc, "issues", [])
+    print(f"{source}: RLJob {name} is invalid ({len(issues)} issues)", file=sys.stderr)
+    for issue in issues:
+        print(f"  {issue.field}: {issue.message}  [{issue.rule}]", file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kuberl.api import InvalidSpec, load_rljob
+
+    try:
+        name, spec = load_rljob(args.file)
+    except InvalidSpec as exc:
+        print_invalid(exc, args.file, rljob_name(args.file))
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from kuberl.trainer.data import DataError
+    from kuberl.trainer.models import ModelNotFoundError
+    from kuberl.trainer.rewards import RewardFunctionLoadError
+    from kuberl.trainer.run import run_job
+
+    try:
+        return run_job(name, spec, address=args.address, run_dir=args.run_dir, steps=args.steps,
+                       show_progress=not args.no_progress)
+    except (DataError, ModelNotFoundError, RewardFunctionLoadError, NotImplementedError) as exc:  # no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def rljob_name(path: str) -> str:
+    try:
+        import yaml
+
+        doc = yaml.safe_load(Path(path).read_text())
+        return str(doc.get("metadata", {}).get("name", "?"))
+    except Exception:
+        return "?"
+
+
+def export(args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+    from transformers import AutoConfig, AutoTokenizer
+
+    from kuberl.trainer.checkpoint import find_latest
+    from kuberl.trainer.fsdp import merge_lora
+    from kuberl.trainer.models import save_hf
+
+    folder = Path(args.checkpoint)
+    if not (folder / "actor").is_dir():
+        latest = find_latest(folder)
+        if latest is None:
+            print(f"error: {folder} is neither a global_step_N checkpoint nor a checkpointDir holding one",
+                  file=sys.stderr)
+            return 1
+        folder = latest
+    actor = folder / "actor"
+    state = torch.load(actor / "model.pt", map_location="cpu", weights_only=True)
+    lora = json.loads((actor / "lora.json").read_text()) if (actor / "lora.json").exists() else {}
+    if lora.get("scaling"):
+        state = merge_lora(state, lora["scaling"])
+    config = AutoConfig.from_pretrained(actor / "hf")
+    tokenizer = AutoTokenizer.from_pretrained(actor / "hf")
+    out = save_hf(state, config, tokenizer, args.out)
+    print(f"exported {folder} to {out}")
+    return 0
+
+
+def plot(args: argparse.Namespace) -> int:
+    from kuberl.trainer.plot import plot_run
+
+    try:
+        out = plot_run(args.run_dir, args.output)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    return 0
+
+
+def data(args: argparse.Namespace) -> int:
+    from kuberl.trainer import datagen
+
+    if args.task == "gsm8k-synth":
+        datagen.main_gsm8k_synth(args.out, args.n, args.seed, args.split)
+    else:
+        writer = getattr(datagen, "main_digits", None) or getattr(datagen, "main_digit_copy")
+        writer(args.out, args.n, args.seed, args.split)
+    return 0
+
+
+def stats(args: argparse.Namespace) -> int:
+    from kuberl.trainer.models import load_tokenizer
+    from kuberl.trainer.stats import format_report, length_stats
+
+    report = length_stats(args.files, load_tokenizer(args.tokenizer), args.prompt_key)
+    print(format_report(report))
+    return 0

@@ -1,0 +1,171 @@
+"""FSDP2 wrapping of Hugging Face models: one ``fully_shard`` group per decoder layer plus the root.
+
+- Mixed precision on CUDA: parameters gathered in ``model.dtype`` (bf16/fp16), gradients reduced in fp32, master
+  weights and optimizer state in fp32. On CPU everything is fp32 (no fast bf16 on common CPUs).
+- ``fsdp.paramOffload``: FSDP2's ``CPUOffloadPolicy``: parameters, gradients and the AdamW state live on CPU and
+  the optimizer step runs there, so it covers ``fsdp.optimizerOffload`` too. ``optimizerOffload`` alone (moments on
+  CPU, parameters on GPU) is not implemented yet: the worker warns and keeps the state on the GPU.
+- Gradient checkpointing: transformers' non-reentrant checkpointing of every decoder layer.
+- A single CPU rank is left unwrapped (FSDP would only add DTensor overhead: ~0.1–0.3 s per AdamW step on a tiny
+  model); every code path (state dicts, weight sync, gradient clipping) treats both forms alike.
+- LoRA: peft adapters on the ``targetModules``; the base weights are frozen, so the reference policy is the same
+  model under ``disable_adapter()`` and costs no extra memory. The rollout receives merged weights
+  ``W + (alpha/r)·B·A`` under the base model's names.
+
+FSDP1 is not used: it needs an accelerator and fails on CPU (reference/cpu-ml-notes.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+LORA_PREFIX = "base_model.model."
+
+
+def compute_dtype(dtype: str, device_type: str) -> torch.dtype:
+    """The dtype forward passes run in: the spec's on CUDA, fp32 on CPU."""
+    return DTYPES[dtype] if device_type == "cuda" else torch.float32
+
+
+def base_model(model: nn.Module) -> nn.Module:
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks named by the model's ``_no_split_modules`` (e.g. ``LlamaDecoderLayer``)."""
+    names = set(getattr(base_model(model), "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(base_model(model)).__name__} declares no decoder-layer class (_no_split_modules); "
+                         "cannot shard it layer by layer")
+    return layers
+
+
+def apply_lora(model: nn.Module, *, rank: int, alpha: int, target_modules: list[str]) -> nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    targets: str | list[str] = "all-linear" if target_modules == ["all-linear"] else list(target_modules)
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none")
+    return get_peft_model(model, config)
+
+
+def shard(model: nn.Module, *, device_type: str, dtype: str, reshard_after_forward: bool = True,
+          param_offload: bool = False) -> nn.Module:
+    """``fully_shard`` every decoder layer, then the root (embeddings, final norm, output head).
+
+    The mesh is built for ``device_type`` explicitly, so a CPU run on a machine that has a GPU stays on CPU.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    kwargs: dict = {"reshard_after_forward": reshard_after_forward, "mesh": mesh}
+    param_dtype = compute_dtype(dtype, device_type)
+    if param_dtype != torch.float32:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True) if param_offload and device_type == "cuda" \
+        else OffloadPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def prepare(model: nn.Module, *, device: torch.device, dtype: str, gradient_checkpointing: bool,
+            reshard_after_forward: bool, param_offload: bool, trainable: bool = True,
+            lora: dict | None = None) -> nn.Module:
+    """Checkpointing, LoRA and sharding, in the order they must be applied; ``model`` arrives in fp32 on CPU."""
+    if gradient_checkpointing and trainable:
+        base_model(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora is not None:
+        model = apply_lora(model, **lora)
+    if not trainable:
+        model.requires_grad_(False)
+        model.eval()
+    if device.type == "cuda" and not param_offload:
+        model.to(device)
+    import torch.distributed as dist
+
+    if device.type == "cpu" and (not dist.is_initialized() or dist.get_world_size() == 1):
+        return model  # one CPU rank: nothing to shard, and DTensor bookkeeping would triple the optimizer step
+    return shard(model, device_type=device.type, dtype=dtype, reshard_after_forward=reshard_after_forward,
+                 param_offload=param_offload)
+
+
+def full_tensor(t: Tensor) -> Tensor:
+    """The whole tensor (a collective when ``t`` is a sharded DTensor: every rank must call it in the same order)."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def full_named_parameters(model: nn.Module, *, lora_scaling: float | None = None) -> Iterator[tuple[str, Tensor]]:
+    """Every parameter gathered from its shards, under the plain Hugging Face name; LoRA adapters merged.
+
+    Tied weights appear once (``named_parameters`` de-duplicates), so a tied output head is not sent twice.
+    """
+    if lora_scaling is None:
+        for name, param in model.named_parameters():
+            yield name, full_tensor(param.detach())
+        return
+    full = {name: full_tensor(param.detach()) for name, param in model.named_parameters()}
+    yield from merge_lora(full, lora_scaling).items()
+
+
+def merge_lora(full: dict[str, Tensor], lora_scaling: float) -> dict[str, Tensor]:
+    """A peft state dict → the base model's names with ``W + scaling·B·A`` merged in (used by export too)."""
+    merged: dict[str, Tensor] = {}
+    for name, tensor in full.items():
+        if ".lora_" in name:
+            continue
+        plain = name.removeprefix(LORA_PREFIX)
+        if ".base_layer." in name:
+            module = name.split(".base_layer.")[0]
+            plain = plain.replace(".base_layer.", ".")
+            if name.endswith(".weight") and f"{module}.lora_A.default.weight" in full:
+                a = full[f"{module}.lora_A.default.weight"]
+                b = full[f"{module}.lora_B.default.weight"]
+                tensor = tensor + lora_scaling * (b.to(tensor.dtype) @ a.to(tensor.dtype))
+        merged[plain] = tensor
+    return merged
+
+
+def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
+    """Clip the global gradient norm over all shards; returns the norm before clipping."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return 0.0
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return float(full_tensor(norm))
+
+
+def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
+    """Skip the reduce-scatter on all but the last micro-batch of a gradient-accumulation window."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(enabled)
+
+
+def make_optimizer(model: nn.Module, *, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999))
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int, kind: str,
+                   min_lr_ratio: float) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up, then constant or cosine decay to ``min_lr_ratio``·lr; stepped once per training step."""
+
+    def factor(step: int) -> float:
+        if warmup_steps > 0 and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -1,0 +1,215 @@
+"""Step metrics with verl's names, and the sinks they go to.
+
+Names follow verl (``timing_s/gen``, ``perf/throughput``, ``actor/pg_loss``, ``critic/score/mean``,
+``response_length/mean``, ``val-core/<data_source>/reward/mean@N``, …) so dashboards and habits carry over.
+
+Sinks: the console (one summary line per step), ``<run_dir>/metrics.jsonl`` (one JSON object per step),
+Prometheus (``kuberl_<name>`` gauges with ``/``, ``-``, ``@`` … turned into ``_``, labelled ``rljob`` and
+``namespace``, plus ``kuberl_step`` and ``kuberl_total_steps``; per-GPU series ``kuberl_gpu_<stat>{gpu="<rank>"}``),
+TensorBoard and W&B (offline mode) when ``trainer.loggers`` asks for them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+GPU_KEY = re.compile(r"^gpu/(\d+)/(\w+)$")
+
+
+def prometheus_name(metric: str) -> str:
+    """``actor/pg_loss`` → ``kuberl_actor_pg_loss``; anything outside ``[a-zA-Z0-9_]`` becomes ``_``."""
+    return "kuberl_" + re.sub(r"_+", "_", re.sub(r"[^a-zA-Z0-9_]", "_", metric)).strip("_")
+
+
+class Timer:
+    """``with timer("gen"):`` accumulates wall seconds under ``timing_s/gen``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        return {f"timing_s/{k}": v for k, v in self.seconds.items()}
+
+
+def summary_line(step: int, total_steps: int, m: dict[str, float]) -> str:
+    """The console line: step, reward, KL, entropy, response length, step time, tokens/s."""
+
+    def fmt(key: str, digits: int = 3) -> str:
+        value = m.get(key)
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    kl_key = next((k for k in ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl") if k in m), "actor/kl_loss")
+    tokens_per_s = m["perf/total_num_tokens"] / m["perf/time_per_step"] if m.get("perf/time_per_step") else None
+    parts = [f"step {step}/{total_steps}", f"reward {fmt('critic/score/mean')}", f"kl {fmt(kl_key, 4)}",
+             f"entropy {fmt('actor/entropy')}", f"resp_len {fmt('response_length/mean', 1)}",
+             f"{fmt('timing_s/step', 2)} s", f"{tokens_per_s:.0f} tok/s" if tokens_per_s else "- tok/s"]
+    val = [f"{k.split('/', 1)[1]} {v:.3f}" for k, v in m.items() if k.startswith("val-core/")]
+    return " | ".join(parts + val)
+
+
+class JsonlSink:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = path.open("a")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.file.write(json.dumps({"step": step, **metrics}, sort_keys=True) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class ConsoleSink:
+    def __init__(self, total_steps: int, write: Callable[[str], None] = print) -> None:
+        self.total_steps = total_steps
+        self.write = write
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.write(summary_line(step, self.total_steps, metrics))
+
+    def close(self) -> None:
+        pass
+
+
+class PrometheusSink:
+    """Gauges on an HTTP endpoint (``prometheus_client.start_http_server``), one registry per run."""
+
+    def __init__(self, port: int, *, rljob: str, namespace: str, total_steps: int, addr: str = "0.0.0.0") -> None:
+        from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+        self.registry = CollectorRegistry()
+        self.labels = {"rljob": rljob, "namespace": namespace}
+        self.gauges: dict[str, Any] = {}
+        self._gauge = Gauge
+        self.server = None
+        self.port = port
+        if port:
+            self.server, _ = start_http_server(port, addr=addr, registry=self.registry)
+            self.port = self.server.server_port
+        self.set("kuberl_total_steps", "Training steps this run will make.", total_steps)
+
+    def set(self, name: str, doc: str, value: float, extra: dict[str, str] | None = None) -> None:
+        labels = {**self.labels, **(extra or {})}
+        gauge = self.gauges.get(name)
+        if gauge is None:
+            gauge = self._gauge(name, doc, list(labels), registry=self.registry)
+            self.gauges[name] = gauge
+        gauge.labels(**labels).set(float(value))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.set("kuberl_step", "Training steps completed.", step)
+        for key, value in metrics.items():
+            gpu = GPU_KEY.match(key)
+            if gpu:
+                self.set(f"kuberl_gpu_{gpu.group(2)}", f"Per-GPU {gpu.group(2)} (NVML).", value, {"gpu": gpu.group(1)})
+            else:
+                self.set(prometheus_name(key), key, value)
+
+    def text(self) -> str:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry).decode()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+class TensorBoardSink:
+    def __init__(self, folder: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(folder))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    """W&B in offline mode (nothing leaves the machine; ``wandb sync`` uploads later)."""
+
+    def __init__(self, folder: Path, name: str, config: dict[str, Any]) -> None:
+        import wandb
+
+        self.run = wandb.init(project="kuberl", name=name, dir=str(folder), mode="offline", config=config)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MetricsLogger:
+    """Fans a step's metrics out to every configured sink; a failing optional sink is logged, not fatal."""
+
+    def __init__(self, run_dir: Path, *, loggers: list[str], rljob: str, namespace: str, metrics_port: int,
+                 total_steps: int, write: Callable[[str], None] = print, config: dict[str, Any] | None = None) -> None:
+        self.sinks: list[Any] = []
+        self.prometheus: PrometheusSink | None = None
+        if "console" in loggers:
+            self.sinks.append(ConsoleSink(total_steps, write))
+        if "jsonl" in loggers:
+            self.sinks.append(JsonlSink(run_dir / "metrics.jsonl"))
+        optional: list[tuple[str, Callable[[], Any]]] = [
+            ("prometheus", lambda: PrometheusSink(metrics_port, rljob=rljob, namespace=namespace,
+                                                  total_steps=total_steps)),
+        ]
+        if "tensorboard" in loggers:
+            optional.append(("tensorboard", lambda: TensorBoardSink(run_dir / "tensorboard")))
+        if "wandb" in loggers:
+            optional.append(("wandb", lambda: WandbSink(run_dir, rljob, config or {})))
+        for name, make in optional:
+            if name == "prometheus" and metrics_port == 0:
+                continue
+            try:
+                sink = make()
+            except Exception as exc:  # port taken, package missing: keep training
+                log.warning("metrics sink %s disabled: %s", name, exc)
+                continue
+            self.sinks.append(sink)
+            if isinstance(sink, PrometheusSink):
+                self.prometheus = sink
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if v is not None}
+        for sink in self.sinks:
+            try:
+                sink.log(step, clean)
+            except Exception as exc:
+                log.warning("metrics sink %s failed: %s", type(sink).__name__, exc)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception:
+                pass
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, float]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,0 +1,183 @@
+"""Rows of prompt + response tokens, and how they are cut into mini- and micro-batches.
+
+A batch of ``B`` rows is a plain ``dict[str, Tensor]`` (``Rows``), every tensor ``(B, ...)``:
+
+- ``prompts`` ``(B, P)`` left-padded prompt ids, ``prompt_mask`` ``(B, P)``;
+- ``responses`` ``(B, R)`` right-padded response ids, ``response_mask`` ``(B, R)`` (1 up to and including eos);
+- per-token values over the response, ``(B, R)``: ``old_log_probs``, ``ref_log_probs``, ``values``,
+  ``advantages``, ``returns``.
+
+Micro-batches are either a fixed number of rows (``ppoMicroBatchSizePerGPU``) or, with dynamic batch size, as many
+rows as fit a token budget: greedy first-fit-decreasing bin packing where a bin costs its rows × (longest prompt +
+longest response), i.e. the padded tokens the forward pass really sees after :func:`trim`. Rows are packed as
+padded rectangles, not concatenated (no varlen attention on CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+Rows = dict[str, Tensor]
+
+PER_TOKEN_KEYS = ("old_log_probs", "ref_log_probs", "values", "advantages", "returns")
+
+
+def num_rows(rows: Rows) -> int:
+    return int(rows["responses"].shape[0])
+
+
+def select(rows: Rows, index: list[int] | Tensor) -> Rows:
+    idx = torch.as_tensor(index, dtype=torch.long)
+    return {k: v.index_select(0, idx) for k, v in rows.items()}
+
+
+def slice_rows(rows: Rows, start: int, stop: int) -> Rows:
+    return {k: v[start:stop] for k, v in rows.items()}
+
+
+def pad_left(t: Tensor, width: int, value: float) -> Tensor:
+    if t.shape[1] >= width:
+        return t
+    fill = t.new_full((t.shape[0], width - t.shape[1], *t.shape[2:]), value)
+    return torch.cat([fill, t], dim=1)
+
+
+def pad_right(t: Tensor, width: int, value: float) -> Tensor:
+    if t.shape[1] >= width:
+        return t
+    fill = t.new_full((t.shape[0], width - t.shape[1], *t.shape[2:]), value)
+    return torch.cat([t, fill], dim=1)
+
+
+def concat(parts: list[Rows], pad_id: int = 0) -> Rows:
+    """Stack row sets whose prompt/response widths differ: prompts are re-padded on the left, the rest on the right."""
+    p = max(r["prompts"].shape[1] for r in parts)
+    r_width = max(r["responses"].shape[1] for r in parts)
+    out: Rows = {}
+    for key in parts[0]:
+        if key in ("prompts", "prompt_mask"):
+            value = pad_id if key == "prompts" else 0
+            out[key] = torch.cat([pad_left(r[key], p, value) for r in parts])
+        elif parts[0][key].dim() >= 2:
+            value = pad_id if key == "responses" else 0
+            out[key] = torch.cat([pad_right(r[key], r_width, value) for r in parts])
+        else:
+            out[key] = torch.cat([r[key] for r in parts])
+    return out
+
+
+def lengths(rows: Rows) -> tuple[Tensor, Tensor]:
+    """Real prompt and response lengths per row, ``(B,)`` each."""
+    return rows["prompt_mask"].sum(-1).long(), rows["response_mask"].sum(-1).long()
+
+
+def trim(rows: Rows) -> Rows:
+    """Drop prompt columns that are padding in every row and response columns past the longest response."""
+    prompt_len, response_len = lengths(rows)
+    p = max(int(prompt_len.max()), 1)
+    r = max(int(response_len.max()), 1)
+    out: Rows = {}
+    for key, value in rows.items():
+        if key in ("prompts", "prompt_mask"):
+            out[key] = value[:, value.shape[1] - p:]
+        elif value.dim() >= 2:
+            out[key] = value[:, :r]
+        else:
+            out[key] = value
+    return out
+
+
+def model_inputs(rows: Rows) -> tuple[Tensor, Tensor, Tensor]:
+    """``input_ids``, ``attention_mask``, ``position_ids`` of prompt + response, ``(B, P + R)``.
+
+    Positions count real tokens only, so a left-padded prompt starts at position 0 as in generation.
+    """
+    input_ids = torch.cat([rows["prompts"], rows["responses"]], dim=1)
+    attention_mask = torch.cat([rows["prompt_mask"], rows["response_mask"]], dim=1).long()
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return input_ids, attention_mask, position_ids
+
+
+def split_fixed(n: int, size: int) -> list[list[int]]:
+    """Consecutive micro-batches of ``size`` rows (the last may be smaller when ``size`` does not divide ``n``)."""
+    if size < 1:
+        raise ValueError(f"micro-batch size must be ≥ 1, got {size}")
+    return [list(range(start, min(start + size, n))) for start in range(0, n, size)]
+
+
+def bin_cost(prompt_lens: list[int], response_lens: list[int]) -> int:
+    """Padded tokens of a micro-batch after :func:`trim`: rows × (longest prompt + longest response)."""
+    return len(prompt_lens) * (max(prompt_lens) + max(response_lens)) if prompt_lens else 0
+
+
+def split_by_tokens(prompt_lens: list[int], response_lens: list[int], max_tokens: int) -> list[list[int]]:
+    """Greedy first-fit-decreasing packing: every micro-batch's padded tokens ≤ ``max_tokens``.
+
+    A single row longer than the budget gets a micro-batch of its own (validation rule R10 keeps
+    ``maxTokenLenPerGPU ≥ maxPromptLength + maxResponseLength``, so this does not happen in a valid run).
+    Indices inside a micro-batch are ascending; micro-batches are ordered by their first index.
+    """
+    order = sorted(range(len(prompt_lens)), key=lambda i: (-(prompt_lens[i] + response_lens[i]), i))
+    bins: list[list[int]] = []
+    for i in order:
+        for members in bins:
+            cand = members + [i]
+            if bin_cost([prompt_lens[j] for j in cand], [response_lens[j] for j in cand]) <= max_tokens:
+                members.append(i)
+                break
+        else:
+            bins.append([i])
+    return sorted((sorted(b) for b in bins), key=lambda b: b[0])
+
+
+def equalize(bins: list[list[int]], count: int) -> list[list[int]]:
+    """Split the largest micro-batches until there are ``count`` of them, so that every data-parallel rank runs the
+    same number of forward/backward passes (FSDP's collectives must match). Splitting never raises a micro-batch's
+    token count. When every micro-batch is a single row, empty ones are appended: the caller runs them as a
+    zero-weight pass on a dummy row."""
+    bins = [list(b) for b in bins]
+    while len(bins) < count:
+        largest = max(range(len(bins)), key=lambda k: len(bins[k]), default=None)
+        if largest is None or len(bins[largest]) < 2:
+            bins.append([])
+            continue
+        members = bins.pop(largest)
+        half = len(members) // 2
+        bins[largest:largest] = [members[:half], members[half:]]
+    return bins
+
+
+def micro_batches(rows: Rows, *, micro_batch_size: int | None, max_tokens: int | None) -> list[list[int]]:
+    """Row indices of each micro-batch: fixed-size when ``micro_batch_size`` is set, else by the token budget."""
+    n = num_rows(rows)
+    if micro_batch_size is not None:
+        return split_fixed(n, micro_batch_size)
+    if max_tokens is None:
+        raise ValueError("set either micro_batch_size or max_tokens")
+    prompt_len, response_len = lengths(rows)
+    return split_by_tokens(prompt_len.tolist(), response_len.tolist(), max_tokens)
+
+
+def shard_mini_batches(rows: Rows, *, mini_batch_rows: int, dp: int) -> list[list[Rows]]:
+    """For every rank, its slice of every mini-batch: ``result[rank][j]`` holds ``mini_batch_rows / dp`` rows of
+    mini-batch ``j``. Mini-batches are consecutive rows (a prompt's samples stay together), as in verl."""
+    n = num_rows(rows)
+    if n % mini_batch_rows or mini_batch_rows % dp:
+        raise ValueError(f"{n} rows do not split into mini-batches of {mini_batch_rows} rows over {dp} ranks")
+    per_rank = mini_batch_rows // dp
+    result: list[list[Rows]] = [[] for _ in range(dp)]
+    for start in range(0, n, mini_batch_rows):
+        for rank in range(dp):
+            lo = start + rank * per_rank
+            result[rank].append(slice_rows(rows, lo, lo + per_rank))
+    return result
+
+
+def shard_rows(rows: Rows, dp: int) -> list[Rows]:
+    """Consecutive, equal shares of the rows for forward-only passes (verl's ``DataProto.chunk``)."""
+    n = num_rows(rows)
+    if n % dp:
+        raise ValueError(f"{n} rows do not split evenly over {dp} ranks")
+    per = n // dp
+    return [slice_rows(rows, r * per, (r + 1) * per) for r in range(dp)]

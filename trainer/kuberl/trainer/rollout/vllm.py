@@ -1,0 +1,358 @@
+"""The ``vllm`` rollout: vLLM's offline ``LLM`` engine behind the :class:`Rollout` interface.
+
+Two placements (``spec.rollout.placement``):
+
+- ``colocated``: the engine runs inside the actor worker's process, on the worker's GPU (vLLM's engine core
+  in-process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, sleep mode on). Between rollouts it sleeps at level 2 (weights
+  and KV cache released; the FSDP actor has the GPU to itself) and :meth:`VLLMRollout.update_weights` wakes the
+  weight memory, streams the new weights in buckets into vLLM's ``load_weights`` and leaves the KV cache asleep
+  until :meth:`VLLMRollout.wake` (or the next ``generate``). When ``torch.distributed`` is already initialised by
+  the trainer, the engine joins it through vLLM's ``external_launcher`` executor: with tensorParallelSize 1 every
+  rank is an independent engine over its own prompts.
+- ``separate``: engines run in their own Ray actors (:class:`VLLMEngineActor`) on the rollout pool's GPUs; the
+  driver fans prompts out over them (:class:`VLLMEngineGroup`) and trainer rank 0 broadcasts new weights over NCCL
+  (:class:`kuberl.trainer.weight_sync.WeightBroadcaster`).
+
+Rollout log-probs (``rollout.calculateLogProbs``) are vLLM's ``processed_logprobs`` of the sampled tokens: the
+log-softmax after temperature (and top-k/top-p, which renormalise over the kept tokens), i.e. the log-probability
+of the distribution that was actually sampled. The trainer's old log-probs divide the logits by the same
+temperature, so ``training/rollout_probs_diff_*`` compares like with like when top-k/top-p are off.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kuberl.trainer.rollout.base import Rollout, RolloutBatch, left_pad, response_mask_from_eos
+from kuberl.trainer.weight_sync import DEFAULT_BUCKET_MB, Bucket, bucketed, rollout_named_tensors
+
+PLACEMENTS = ("colocated", "separate")
+LOGPROBS_MODE = "processed_logprobs"
+
+# vLLM reads these when the engine is built; set them before importing it (a user's own value wins).
+_ENGINE_ENV = {
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",  # flashinfer is not in the offline bundle (docs/gpu.md)
+    "VLLM_NO_USAGE_STATS": "1",
+}
+_COLOCATED_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process: apply_model reaches the model directly
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # apply_model with a callable, should a multiprocess engine be used
+}
+
+
+def _set_env(values: dict[str, str]) -> None:
+    for key, value in values.items():
+        os.environ.setdefault(key, value)
+
+
+def model_folder(path: str) -> str:
+    """A Hugging Face folder vLLM can load for any ``model.path`` the trainer accepts.
+
+    ``tiny://`` models are materialised once (seeded weights, so every rank writes the same files) under the
+    kuberl cache; everything else goes through ``models.resolve`` (GGUF conversion, the ``smollm2`` alias).
+    """
+    from kuberl.trainer import models
+
+    source = models.resolve(path)
+    if not source.startswith(models.TINY_SCHEME):
+        return source
+    import hashlib
+
+    spec = models.parse_tiny(source)
+    target = models.cache_dir() / "tiny" / hashlib.sha256(source.encode()).hexdigest()[:16]
+    if not (target / "config.json").exists():
+        from transformers import AutoModelForCausalLM
+
+        model = models.build_tiny(spec, AutoModelForCausalLM, torch.float32)
+        staging = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+        models.save_hf(model.state_dict(), model.config, models.tiny_tokenizer(), str(staging))
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / "config.json").exists():
+                raise
+    return str(target)
+
+
+def gpu_memory_in_use_gib() -> float:
+    """Memory in use on the current GPU, by every process, in GiB (what ``nvidia-smi`` shows)."""
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**30
+
+
+class VLLMRollout(Rollout):
+    """One vLLM engine. ``model_path`` is anything ``models.resolve`` accepts; ``load_format="dummy"`` skips reading
+    the checkpoint when the first :meth:`update_weights` supplies the weights anyway (the colocated actor holds
+    them)."""
+
+    def __init__(self, model_path: str, *, pad_id: int, eos_ids: Sequence[int], placement: str = "colocated",
+                 tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
+                 max_model_len: int | None = None, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
+                 enforce_eager: bool = False, calculate_log_probs: bool = False, dtype: str = "bfloat16",
+                 seed: int = 0, load_format: str = "auto", bucket_mb: int = DEFAULT_BUCKET_MB,
+                 sleep_level: int = 2, skip_tokenizer_init: bool = False, **engine_kwargs: Any) -> None:
+        if placement not in PLACEMENTS:
+            raise ValueError(f"rollout.placement {placement!r} is not one of {PLACEMENTS}")
+        if sleep_level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 (weights to CPU) or 2 (weights dropped), got {sleep_level}")
+        if not torch.cuda.is_available():
+            raise RuntimeError("rollout.engine vllm needs a CUDA GPU in this process; on CPU use rollout.engine hf")
+        _set_env(_ENGINE_ENV)
+        if placement == "colocated":
+            _set_env(_COLOCATED_ENV)
+        from vllm import LLM
+
+        self.placement = placement
+        self.pad_id = pad_id
+        self.eos_ids = [int(e) for e in eos_ids]
+        self.calculate_log_probs = calculate_log_probs
+        self.bucket_bytes = bucket_mb * 1024 * 1024
+        self.sleep_level = sleep_level
+        self.dtype = getattr(torch, dtype)
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.folder = model_folder(model_path)
+
+        kwargs: dict[str, Any] = dict(
+            model=self.folder, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, enforce_eager=enforce_eager,
+            load_format=load_format, logprobs_mode=LOGPROBS_MODE, skip_tokenizer_init=skip_tokenizer_init,
+            seed=seed, enable_prefix_caching=True)
+        if placement == "colocated":
+            kwargs["enable_sleep_mode"] = True
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                # Join the trainer's process group instead of starting one (verl's arrangement): each rank's engine
+                # is an "external data-parallel" replica; tensor-parallel ranks must pass identical prompts.
+                rank = torch.distributed.get_rank()
+                os.environ.setdefault("RANK", str(rank))
+                os.environ.setdefault("LOCAL_RANK", str(torch.cuda.current_device()))
+                kwargs["distributed_executor_backend"] = "external_launcher"
+                kwargs["seed"] = seed + rank // tensor_parallel_size
+        else:
+            from vllm.config import WeightTransferConfig
+
+            kwargs["weight_transfer_config"] = WeightTransferConfig(backend="nccl")
+            if tensor_parallel_size > 1:
+                # inside a Ray actor vLLM would pick its Ray executor and ask Ray for GPUs this actor already holds
+                kwargs["distributed_executor_backend"] = "mp"
+        kwargs.update(engine_kwargs)
+        self.llm = LLM(**kwargs)
+        self.tied = bool(getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
+        self._asleep: set[str] = set()
+        self._weights_stale = load_format == "dummy"
+
+    # --- generation -------------------------------------------------------------------------------------------
+
+    def sampling_params(self, n: int, *, temperature: float, top_p: float, top_k: int, max_new_tokens: int,
+                        logprobs: bool | None = None) -> Any:
+        from vllm import SamplingParams
+
+        greedy = temperature == 0
+        want_logprobs = self.calculate_log_probs if logprobs is None else logprobs
+        return SamplingParams(
+            n=1 if greedy else n, temperature=temperature, top_p=1.0 if greedy else top_p,
+            top_k=0 if greedy or top_k < 0 else top_k, max_tokens=max_new_tokens,
+            logprobs=0 if want_logprobs else None, stop_token_ids=self.eos_ids, detokenize=False,
+            skip_special_tokens=False, repetition_penalty=1.0)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], n: int, *, temperature: float, top_p: float = 1.0,
+                 top_k: int = -1, max_new_tokens: int) -> RolloutBatch:
+        """``n`` samples per prompt; greedy (``temperature`` 0) repeats each prompt ``n`` times (vLLM refuses
+        ``n > 1`` for greedy sampling)."""
+        from vllm import TokensPrompt
+
+        if not prompts:
+            raise ValueError("generate needs at least one prompt")
+        if self._weights_stale:
+            raise RuntimeError("the vLLM engine holds no weights (level-2 sleep or load_format dummy); call "
+                               "update_weights with the actor's weights before generate")
+        self.wake()
+        params = self.sampling_params(n, temperature=temperature, top_p=top_p, top_k=top_k,
+                                      max_new_tokens=max_new_tokens)
+        copies = n if params.n == 1 else 1
+        requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts for _ in range(copies)]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        samples = [c for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
+        expanded = [p for p in prompts for _ in range(n)]
+        return self._to_batch(expanded, samples)
+
+    def _to_batch(self, prompts: list[list[int]], samples: list[Any]) -> RolloutBatch:
+        if len(samples) != len(prompts):
+            raise RuntimeError(f"vLLM returned {len(samples)} samples for {len(prompts)} requested")
+        ids, mask = left_pad(prompts, self.pad_id)
+        width = max(1, max(len(s.token_ids) for s in samples))
+        responses = torch.full((len(samples), width), self.pad_id, dtype=torch.long)
+        log_probs = torch.zeros((len(samples), width), dtype=torch.float32) if self.calculate_log_probs else None
+        for i, sample in enumerate(samples):
+            tokens = list(sample.token_ids)
+            responses[i, :len(tokens)] = torch.as_tensor(tokens, dtype=torch.long)
+            if log_probs is not None:
+                if sample.logprobs is None:
+                    raise RuntimeError("vLLM returned no log-probs although logprobs=0 was requested")
+                log_probs[i, :len(tokens)] = torch.as_tensor(
+                    [sample.logprobs[pos][tok].logprob for pos, tok in enumerate(tokens)], dtype=torch.float32)
+        lengths = torch.as_tensor([len(s.token_ids) for s in samples])
+        generated = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
+        response_mask = response_mask_from_eos(responses, self.eos_ids) * generated
+        responses = responses.masked_fill(response_mask == 0, self.pad_id)
+        if log_probs is not None:
+            log_probs = log_probs * response_mask
+        return RolloutBatch(ids, mask, responses, response_mask, log_probs)
+
+    # --- weights ----------------------------------------------------------------------------------------------
+
+    def load_bucket(self, bucket: Bucket) -> None:
+        """One bucket of full tensors (HF names) into the engine's model, on the engine's GPU."""
+        self.llm.apply_model(lambda model: model.load_weights(bucket))
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+        """Stream ``named_tensors`` into the engine in buckets; a sleeping engine wakes only its weight memory.
+
+        ``named_tensors`` is consumed lazily, so a generator of FSDP ``full_tensor()`` gathers (e.g.
+        ``fsdp.full_named_parameters``) keeps at most one bucket of full tensors alive.
+        """
+        if self.placement != "colocated":
+            raise RuntimeError("a separate vLLM engine receives weights by NCCL broadcast "
+                               "(weight_sync.WeightBroadcaster), not update_weights")
+        self._wake({"weights"})
+        named = rollout_named_tensors(named_tensors, tied=self.tied, dtype=self.dtype, device=self.device)
+        for bucket in bucketed(named, self.bucket_bytes):
+            self.load_bucket(bucket)
+            del bucket
+        self._weights_stale = False
+        if not self._asleep:
+            self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+
+    def receive_broadcast(self, update_info: dict[str, Any]) -> None:
+        """Engine side of ``WeightBroadcaster.send`` (separate placement)."""
+        self.llm.start_weight_update()
+        self.llm.update_weights({"update_info": update_info})
+        self.llm.finish_weight_update()
+        self.llm.reset_prefix_cache()
+
+    # --- memory -----------------------------------------------------------------------------------------------
+
+    def sleep(self) -> None:
+        """Release the engine's GPU memory (level 2: weights and KV cache dropped; level 1: weights to CPU)."""
+        if self.placement != "colocated" or self._asleep:
+            return
+        torch.cuda.synchronize()
+        self.llm.sleep(level=self.sleep_level)
+        self._asleep = {"weights", "kv_cache"}
+        self._weights_stale = self.sleep_level == 2
+
+    def wake(self) -> None:
+        """Reacquire whatever :meth:`sleep` released. After a level-2 sleep the weights hold garbage until
+        :meth:`update_weights`; waking first and loading after also works, with the KV cache resident meanwhile."""
+        self._wake(set(self._asleep))
+
+    def _wake(self, tags: set[str]) -> None:
+        tags = tags & self._asleep
+        if not tags:
+            return
+        # weights before kv_cache: the KV cache goes last so the weight load has the most room
+        for tag in ("weights", "kv_cache"):
+            if tag in tags:
+                self.llm.wake_up(tags=[tag])
+                self._asleep.discard(tag)
+
+    @property
+    def needs_weights(self) -> bool:
+        """True after a level-2 sleep (or a dummy load) until :meth:`update_weights` runs."""
+        return self._weights_stale
+
+    @property
+    def asleep(self) -> bool:
+        return bool(self._asleep)
+
+    def shutdown(self) -> None:
+        """Free the engine (tests and benchmarks that build several engines in one process)."""
+        import gc
+
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        engine = getattr(llm, "llm_engine", None)
+        if engine is not None and hasattr(engine, "engine_core"):
+            try:
+                engine.engine_core.shutdown()
+            except Exception:  # noqa: BLE001 - best effort on teardown
+                pass
+        self.llm = None
+        del llm, engine
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+# --- separate placement -------------------------------------------------------------------------------------
+
+
+class VLLMEngineActor:
+    """A Ray actor holding one engine of the rollout pool (wrap with ``ray.remote(num_gpus=tensorParallelSize)``)."""
+
+    def __init__(self, model_path: str, **kwargs: Any) -> None:
+        kwargs["placement"] = "separate"
+        self.rollout = VLLMRollout(model_path, **kwargs)
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: dict[str, Any]) -> dict[str, Tensor]:
+        return self.rollout.generate(prompts, n, **sampling).as_rows()
+
+    def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        self.rollout.llm.init_weight_transfer_engine({"init_info": init_info})
+
+    def receive_weights(self, update_info: dict[str, Any]) -> None:
+        self.rollout.receive_broadcast(update_info)
+
+    def ready(self) -> bool:
+        return True
+
+
+class VLLMEngineGroup(Rollout):
+    """Driver-side view of the separate engines: prompts are split evenly (whole prompts, so a GRPO group stays on
+    one engine) and the batches concatenated in prompt order. Weights arrive from trainer rank 0 over NCCL, so
+    :meth:`update_weights` is refused here."""
+
+    def __init__(self, engines: Sequence[Any], *, pad_id: int) -> None:
+        if not engines:
+            raise ValueError("a separate rollout needs at least one engine")
+        self.engines = list(engines)
+        self.pad_id = pad_id
+
+    @classmethod
+    def spawn(cls, count: int, model_path: str, *, pad_id: int, tensor_parallel_size: int = 1,
+              actor_options: dict[str, Any] | None = None, **kwargs: Any) -> VLLMEngineGroup:
+        """``count`` engine actors of ``tensor_parallel_size`` GPUs each; waits until every engine is up."""
+        import ray
+
+        remote = ray.remote(num_gpus=tensor_parallel_size, **(actor_options or {}))(VLLMEngineActor)
+        engines = [remote.remote(model_path, pad_id=pad_id, tensor_parallel_size=tensor_parallel_size, **kwargs)
+                   for _ in range(count)]
+        ray.get([e.ready.remote() for e in engines])
+        return cls(engines, pad_id=pad_id)
+
+    def generate(self, prompts: list[list[int]], n: int, *, temperature: float, top_p: float = 1.0,
+                 top_k: int = -1, max_new_tokens: int) -> RolloutBatch:
+        import ray
+
+        from kuberl.trainer.microbatch import concat
+
+        share = math.ceil(len(prompts) / len(self.engines))
+        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "max_new_tokens": max_new_tokens}
+        parts = [e.generate.remote(prompts[i * share:(i + 1) * share], n, sampling)
+                 for i, e in enumerate(self.engines) if prompts[i * share:(i + 1) * share]]
+        rows = [r for r in ray.get(parts)]
+        merged = rows[0] if len(rows) == 1 else concat(rows, self.pad_id)
+        return RolloutBatch(merged["prompts"], merged["prompt_mask"], merged["responses"], merged["response_mask"],
+                            merged.get("rollout_log_probs"))
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+        raise RuntimeError("separate vLLM engines receive weights from trainer rank 0 by NCCL broadcast "
+                           "(weight_sync.WeightBroadcaster.send_fsdp on every trainer rank)")

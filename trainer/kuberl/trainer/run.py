@@ -1,0 +1,579 @@
+"""The single controller: one driver runs the RL loop and drives SPMD worker groups on Ray (design §5).
+
+``kuberl run rljob.yaml`` starts an embedded local Ray (or joins ``--address``); on Kubernetes the RayJob runs
+``python -m kuberl.trainer.run --spec-file /etc/kuberl/spec.json --name NAME --namespace NS`` and joins the
+cluster it runs in (``ray.init(address="auto")``).
+
+One step, top to bottom (:meth:`Trainer.train_step`): rollout → reward → old log-probs → reference log-probs →
+values → advantages (on the driver) → critic update → actor update → weight sync. Validation, checkpoints and
+metrics wrap it in :meth:`Trainer.fit`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from kuberl.api import RLJobSpec, parse_spec, plan_batches
+from kuberl.trainer import checkpoint as ckpt
+from kuberl.trainer.advantages import compute_advantages
+from kuberl.trainer.data import Prompt, PromptDataset, PromptLoader, load_rows
+from kuberl.trainer.kl import apply_kl_in_reward, make_kl_controller
+from kuberl.trainer.losses import masked_mean
+from kuberl.trainer.metrics import MetricsLogger, Timer
+from kuberl.trainer.microbatch import Rows, concat, shard_mini_batches, shard_rows, slice_rows
+from kuberl.trainer.rewards import RewardInput, load_reward_function, score_batch
+from kuberl.trainer.status_reporter import StatusReporter
+
+log = logging.getLogger("kuberl.trainer")
+
+EXIT_INTERRUPTED = 130
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "H20": 148e12, "A100": 312e12, "L40S": 362e12, "B200": 2250e12}
+"""Dense bf16 peak per GPU by device-name substring, for perf/mfu/actor; KUBERL_PEAK_FLOPS overrides."""
+
+
+def parse_cpu(quantity: str) -> float:
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+class Trainer:
+    def __init__(self, name: str, spec: RLJobSpec, *, run_dir: Path, namespace: str = "default",
+                 address: str | None = None, steps: int | None = None, show_progress: bool = True) -> None:
+        self.name = name
+        self.spec = spec
+        self.run_dir = run_dir
+        self.namespace = namespace
+        self.address = address
+        self.steps_override = steps
+        self.show_progress = show_progress
+        self.plan = plan_batches(spec)
+        self.dp = self.plan.trainer_gpus
+        algo = spec.algorithm
+        self.uses_critic = algo.advantage_estimator == "gae"
+        self.uses_ref = algo.kl.in_reward or algo.kl.loss.enabled
+        self.kl_ctrl = make_kl_controller(algo.kl.control, algo.kl.coef, algo.kl.target, algo.kl.horizon)
+        self.global_step = 0
+        self.stop_requested = False
+        self.last_checkpoint: str | None = None
+        self.ray_started_here = False
+        self.groups: list[Any] = []
+
+    # --- setup -------------------------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        from kuberl.trainer.models import load_tokenizer, model_family_flops_per_token
+
+        spec = self.spec
+        if spec.rollout.placement == "separate":
+            raise NotImplementedError("rollout.placement separate (a vLLM pool of its own) is not wired into the "
+                                      "trainer yet; use placement colocated")
+        torch.manual_seed(spec.data.seed)
+        np.random.seed(spec.data.seed)
+        self.tokenizer = load_tokenizer(spec.model.tokenizer_path or spec.model.path)
+        dataset = PromptDataset(load_rows(spec.data.train_files, prompt_key=spec.data.prompt_key), self.tokenizer,
+                                prompt_key=spec.data.prompt_key, max_prompt_length=spec.data.max_prompt_length,
+                                filter_overlong=spec.data.filter_overlong_prompts)
+        self.loader = PromptLoader(dataset, spec.batch.train_batch_size, seed=spec.data.seed, shuffle=spec.data.shuffle)
+        self.val_prompts: list[Prompt] = []
+        if spec.data.val_files:
+            self.val_prompts = PromptDataset(load_rows(spec.data.val_files, prompt_key=spec.data.prompt_key),
+                                             self.tokenizer, prompt_key=spec.data.prompt_key,
+                                             max_prompt_length=spec.data.max_prompt_length,
+                                             filter_overlong=True).prompts
+        self.total_steps = (self.steps_override or spec.trainer.total_steps
+                            or spec.trainer.total_epochs * len(self.loader))
+        p = self.plan
+        self.write(f"RLJob {self.name}: {p.trainer_gpus} {spec.cluster.device} trainer rank(s), "
+                   f"{p.responses_per_step} responses/step, {p.optimizer_steps_per_step} optimizer step(s)/step, "
+                   f"micro-batch {p.micro_batch_size_per_gpu or 'by token budget'}"
+                   f"{f' × {p.gradient_accumulation_steps} accumulated' if p.gradient_accumulation_steps else ''}; "
+                   f"{self.total_steps} steps, {len(self.loader)} per epoch; {len(dataset)} prompts "
+                   f"({dataset.num_filtered} overlong filtered), {len(self.val_prompts)} validation prompts")
+        self.reward_fn = None if spec.reward.model else load_reward_function(spec.reward.function)
+        self.rm_tokenizer = load_tokenizer(spec.reward.model.path) if spec.reward.model else None
+        self.start_ray()
+        self.start_workers()
+        self.flops_per_token = model_family_flops_per_token(self.model_config)
+        self.metrics = MetricsLogger(self.run_dir, loggers=spec.trainer.loggers, rljob=self.name,
+                                     namespace=self.namespace, metrics_port=spec.trainer.metrics_port,
+                                     total_steps=self.total_steps, write=self.write,
+                                     config=spec.model_dump(mode="json", by_alias=True))
+        self.reporter = StatusReporter.from_env(self.name, self.namespace)
+        self.resume()
+
+    def write(self, line: str) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(line, file=sys.stdout)
+
+    def start_ray(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            return
+        if self.address:
+            ray.init(address=self.address, log_to_driver=True)
+        else:
+            ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=max(os.cpu_count() or 1, self.dp),
+                     include_dashboard=False, log_to_driver=True)
+        self.ray_started_here = True
+
+    def start_workers(self) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+
+        from kuberl.trainer.workers import ActorWorker, CriticWorker, RewardModelWorker, WorkerGroup
+
+        spec = self.spec
+        pool = spec.cluster.trainer
+        bundle = {"CPU": 1.0, "GPU": 1.0} if spec.cluster.device == "cuda" else {"CPU": 1.0}
+        self.pg = placement_group([dict(bundle) for _ in range(self.dp)], strategy="PACK")
+        try:
+            ray.get(self.pg.ready(), timeout=600)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"the Ray cluster cannot place {self.dp} trainer ranks of {bundle} within 10 minutes; "
+                               f"cluster resources: {ray.cluster_resources()}") from None
+        if self.address:
+            threads = max(1, int(parse_cpu(pool.cpu)) // pool.gpus_per_node)
+        else:
+            threads = max(1, (os.cpu_count() or 1) // self.dp)
+        common = {"spec": spec, "placement_group": self.pg, "world_size": self.dp, "threads": threads}
+        self.actor = WorkerGroup(ActorWorker, role="actor", **common)
+        self.groups = [self.actor]
+        info = self.actor.all("init_model", self.total_steps)[0]
+        self.pad_id = info["pad_id"]
+        self.eos_ids = info["eos_ids"]
+        self.write(f"policy {spec.model.path}: {info['params'] / 1e6:.2f}M parameters, "
+                   f"{info['trainable_params'] / 1e6:.2f}M trained")
+        self.critic = None
+        if self.uses_critic:
+            self.critic = WorkerGroup(CriticWorker, role="critic", **common)
+            self.groups.append(self.critic)
+            self.critic.all("init_model", self.total_steps)
+        self.reward_model = None
+        if spec.reward.model:
+            self.reward_model = WorkerGroup(RewardModelWorker, role="reward_model", **common)
+            self.groups.append(self.reward_model)
+        self.model_config = self._model_config()
+
+    def _model_config(self) -> Any:
+        from kuberl.trainer.models import TINY_SCHEME, parse_tiny, resolve, tiny_config
+
+        source = resolve(self.spec.model.path)
+        if source.startswith(TINY_SCHEME):
+            return tiny_config(parse_tiny(source))
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(source)
+
+    # --- resume / checkpoint ---------------------------------------------------------------------------------
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.spec.trainer.checkpoint_dir)
+
+    def resume(self) -> None:
+        folder = ckpt.resolve_resume(self.spec.trainer.resume, self.checkpoint_dir)
+        if folder is None:
+            return
+        state = ckpt.read_state(folder)
+        self.actor.all("load_checkpoint", str(folder / "actor"))
+        if self.critic is not None:
+            self.critic.all("load_checkpoint", str(folder / "critic"))
+        self.loader.load_state_dict(state["dataloader"])
+        self.kl_ctrl.load_state_dict(state["kl_controller"])
+        self.global_step = int(state["step"])
+        self.last_checkpoint = str(folder)
+        ckpt.restore_driver_rng(folder)
+        self.write(f"resumed from {folder} at step {self.global_step}")
+
+    def save_checkpoint(self) -> str:
+        folder = ckpt.step_dir(self.checkpoint_dir, self.global_step)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.actor.all("save_checkpoint", str(folder / "actor"))
+        if self.critic is not None:
+            self.critic.all("save_checkpoint", str(folder / "critic"))
+        ckpt.write_state(folder, {"step": self.global_step, "epoch": self.loader.epoch, "rljob": self.name,
+                                  "dataloader": self.loader.state_dict(), "kl_controller": self.kl_ctrl.state_dict(),
+                                  "total_steps": self.total_steps, "trainer_ranks": self.dp})
+        ckpt.mark_latest(self.checkpoint_dir, folder)
+        ckpt.rotate(self.checkpoint_dir, self.spec.trainer.max_checkpoints)
+        self.last_checkpoint = str(folder)
+        return str(folder)
+
+    # --- the loop --------------------------------------------------------------------------------------------
+
+    def fit(self) -> int:
+        from tqdm import tqdm
+
+        spec = self.spec.trainer
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        bar = tqdm(total=self.total_steps, initial=self.global_step, desc=self.name, unit="step",
+                   disable=not self.show_progress, file=sys.stderr, dynamic_ncols=True)
+        try:
+            if spec.val_before_train and self.val_prompts and self.global_step == 0:
+                val = self.validate()
+                self.metrics.log(0, val)
+            saved_at = -1
+            while self.global_step < self.total_steps and not self.stop_requested:
+                for prompts in self.loader:
+                    epoch = self.loader.epoch
+                    metrics = self.train_step(prompts)
+                    self.global_step += 1
+                    last = self.global_step >= self.total_steps
+                    timer = Timer()
+                    if spec.test_freq > 0 and self.val_prompts and (self.global_step % spec.test_freq == 0 or last):
+                        with timer("testing"):
+                            metrics.update(self.validate())
+                    if (spec.save_freq > 0 and self.global_step % spec.save_freq == 0) or last or self.stop_requested:
+                        with timer("save_checkpoint"):
+                            self.save_checkpoint()
+                        saved_at = self.global_step
+                    metrics.update(timer.metrics())
+                    metrics["training/global_step"] = self.global_step
+                    metrics["training/epoch"] = epoch
+                    self.metrics.log(self.global_step, metrics)
+                    self.report(metrics, force=last)
+                    bar.update(1)
+                    if last or self.stop_requested:
+                        break
+            if self.stop_requested:
+                if saved_at != self.global_step:
+                    self.save_checkpoint()
+                self.write(f"interrupted: checkpoint saved at step {self.global_step} in {self.last_checkpoint}")
+                return EXIT_INTERRUPTED
+            return 0
+        finally:
+            bar.close()
+            signal.signal(signal.SIGINT, previous)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.stop_requested:
+            raise KeyboardInterrupt
+        self.stop_requested = True
+        self.write("interrupt: finishing this step, saving a checkpoint and exiting (Ctrl-C again to abort)")
+
+    def report(self, metrics: dict[str, float], force: bool) -> None:
+        if self.reporter is None:
+            return
+        step_time = metrics.get("perf/time_per_step") or 0.0
+        self.reporter.report({
+            "step": self.global_step, "totalSteps": self.total_steps, "epoch": int(metrics.get("training/epoch", 0)),
+            "rewardMean": metrics.get("critic/score/mean"), "lastCheckpoint": self.last_checkpoint,
+            "tokensPerSecond": metrics["perf/total_num_tokens"] / step_time if step_time else None,
+        }, force=force)
+
+    # --- one step --------------------------------------------------------------------------------------------
+
+    def train_step(self, prompts: list[Prompt]) -> dict[str, float]:
+        spec, algo = self.spec, self.spec.algorithm
+        n = spec.batch.rollout_n
+        timer = Timer()
+        metrics: dict[str, float] = {}
+        with timer("step"):
+            with timer("gen"):
+                rows = self.generate([p.input_ids for p in prompts], n, self.train_sampling())
+            samples = [p for p in prompts for _ in range(n)]
+            group_ids = torch.arange(len(prompts)).repeat_interleave(n)
+            with timer("reward"):
+                scores, extra = self.score(samples, rows)
+            token_scores = place_at_last_token(scores, rows["response_mask"])
+            with timer("old_log_prob"):
+                out = self.forward_all(self.actor, "compute_log_probs", rows)
+                rows["old_log_probs"] = out["log_probs"]
+            if self.uses_ref:
+                with timer("ref"):
+                    rows["ref_log_probs"] = self.forward_all(self.actor, "compute_ref_log_probs", rows)["ref_log_probs"]
+            if self.critic is not None:
+                with timer("values"):
+                    rows["values"] = self.forward_all(self.critic, "compute_values", rows)["values"]
+            with timer("adv"):
+                mask = rows["response_mask"].float()
+                token_rewards = token_scores
+                if algo.kl.in_reward:
+                    token_rewards, mean_kl = apply_kl_in_reward(token_scores, rows["old_log_probs"],
+                                                                rows["ref_log_probs"], mask, coef=self.kl_ctrl.value,
+                                                                kind=algo.kl.type)
+                    metrics["actor/reward_kl_penalty"] = mean_kl
+                    metrics["actor/reward_kl_penalty_coeff"] = self.kl_ctrl.value
+                    self.kl_ctrl.update(mean_kl, len(samples))
+                advantages, returns = compute_advantages(
+                    algo.advantage_estimator, token_rewards, mask, values=rows.get("values"), group_ids=group_ids,
+                    gamma=algo.gamma, lam=algo.lam, norm_adv_by_std=algo.norm_adv_by_std)
+                rows["advantages"], rows["returns"] = advantages, returns
+            if self.critic is not None:
+                with timer("update_critic"):
+                    metrics.update(self.update(self.critic, rows, ("values", "returns"), "critic"))
+            with timer("update_actor"):
+                keys = ("old_log_probs", "advantages") + (("ref_log_probs",) if algo.kl.loss.enabled else ())
+                metrics.update(self.update(self.actor, rows, keys, "actor"))
+            with timer("update_weights"):
+                self.actor.all("sync_weights")
+        metrics.update(timer.metrics())
+        metrics.update(self.data_metrics(rows, scores, token_rewards, out.get("entropy"), extra))
+        metrics.update(self.perf_metrics(rows, timer))
+        return metrics
+
+    def train_sampling(self) -> dict[str, Any]:
+        r = self.spec.rollout
+        return {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
+                "max_new_tokens": self.spec.data.max_response_length}
+
+    def val_sampling(self) -> dict[str, Any]:
+        r = self.spec.rollout
+        sample = r.val.do_sample
+        return {"temperature": r.val.temperature if sample else 0.0, "top_p": r.val.top_p if sample else 1.0,
+                "top_k": r.top_k, "max_new_tokens": self.spec.data.max_response_length}
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: dict[str, Any]) -> Rows:
+        """Each rank generates a consecutive share; whole prompts when they divide evenly, else single samples."""
+        if len(prompts) % self.dp == 0:
+            per = len(prompts) // self.dp
+            calls = [(prompts[r * per:(r + 1) * per], n, sampling) for r in range(self.dp)]
+        else:
+            expanded = [p for p in prompts for _ in range(n)]
+            chunks = np.array_split(np.arange(len(expanded)), self.dp)
+            calls = [([expanded[i] for i in c], 1, sampling) for c in chunks]
+        import ray
+
+        refs = [(w.generate.remote(*args)) for w, args in zip(self.actor.workers, calls, strict=True) if args[0]]
+        return concat(ray.get(refs), self.pad_id)
+
+    def forward_all(self, group: Any, method: str, rows: Rows) -> dict[str, Tensor]:
+        """A forward-only pass over equal consecutive shares of the rows; outputs concatenated back in order."""
+        keys = ("prompts", "prompt_mask", "responses", "response_mask")
+        shards = shard_rows({k: rows[k] for k in keys}, self.dp)
+        results = group.each(method, [(s,) for s in shards])
+        return {k: torch.cat([r[k] for r in results]) for k in results[0]}
+
+    def update(self, group: Any, rows: Rows, keys: tuple[str, ...], role: str) -> dict[str, float]:
+        """Split by mini-batch and rank (plan_batches), send each rank its slices and the global token totals."""
+        mini_rows = self.spec.batch.ppo_mini_batch_size * self.spec.batch.rollout_n
+        wanted = {k: rows[k] for k in ("prompts", "prompt_mask", "responses", "response_mask", *keys)}
+        totals = [{"tokens": float(slice_rows(wanted, s, s + mini_rows)["response_mask"].sum()),
+                   "seqs": float(mini_rows)} for s in range(0, len(rows["responses"]), mini_rows)]
+        per_rank = shard_mini_batches(wanted, mini_batch_rows=mini_rows, dp=self.dp)
+        results = group.each("update", [(mbs, totals) for mbs in per_rank])
+        return reduce_update_metrics(results, role)
+
+    def score(self, samples: list[Prompt], rows: Rows) -> tuple[Tensor, dict[str, float]]:
+        texts = [self.tokenizer.decode(ids[m.bool()], skip_special_tokens=True)
+                 for ids, m in zip(rows["responses"], rows["response_mask"], strict=True)]
+        if self.reward_model is not None:
+            full = [self.rm_tokenizer.apply_chat_template(s.raw_prompt + [{"role": "assistant", "content": t}],
+                                                          tokenize=False) for s, t in zip(samples, texts, strict=True)]
+            chunks = [list(c) for c in np.array_split(np.array(full, dtype=object), self.dp)]
+            results = self.reward_model.each("score", [(c,) for c in chunks])
+            return torch.tensor([x for r in results for x in r], dtype=torch.float32), {}
+        inputs = [RewardInput(s.data_source, t, s.ground_truth, s.extra_info)
+                  for s, t in zip(samples, texts, strict=True)]
+        outputs = score_batch(self.reward_fn, inputs)
+        extra: dict[str, list[float]] = {}
+        for o in outputs:
+            for k, v in o.extra.items():
+                extra.setdefault(k, []).append(v)
+        return (torch.tensor([o.score for o in outputs], dtype=torch.float32),
+                {f"reward_extra/{k}/mean": float(np.mean(v)) for k, v in extra.items()})
+
+    # --- validation ------------------------------------------------------------------------------------------
+
+    def validate(self) -> dict[str, float]:
+        n = self.spec.rollout.val.rollout_n
+        rows = self.generate([p.input_ids for p in self.val_prompts], n, self.val_sampling())
+        samples = [p for p in self.val_prompts for _ in range(n)]
+        scores, _ = self.score(samples, rows)
+        by_source: dict[str, list[float]] = {}
+        for s, score in zip(samples, scores.tolist(), strict=True):
+            by_source.setdefault(s.data_source, []).append(score)
+        return {f"val-core/{src}/reward/mean@{n}": float(np.mean(v)) for src, v in by_source.items()}
+
+    # --- metrics ---------------------------------------------------------------------------------------------
+
+    def data_metrics(self, rows: Rows, scores: Tensor, token_rewards: Tensor, entropy: Tensor | None,
+                     extra: dict[str, float]) -> dict[str, float]:
+        mask = rows["response_mask"].float()
+        resp_len = mask.sum(-1)
+        prompt_len = rows["prompt_mask"].float().sum(-1)
+        seq_rewards = (token_rewards * mask).sum(-1)
+        m = {
+            "critic/score/mean": scores.mean().item(), "critic/score/max": scores.max().item(),
+            "critic/score/min": scores.min().item(),
+            "critic/rewards/mean": seq_rewards.mean().item(), "critic/rewards/max": seq_rewards.max().item(),
+            "critic/rewards/min": seq_rewards.min().item(),
+            "critic/advantages/mean": masked_mean(rows["advantages"], mask).item(),
+            "critic/advantages/max": rows["advantages"][mask.bool()].max().item(),
+            "critic/advantages/min": rows["advantages"][mask.bool()].min().item(),
+            "critic/returns/mean": masked_mean(rows["returns"], mask).item(),
+            "response_length/mean": resp_len.mean().item(), "response_length/max": resp_len.max().item(),
+            "response_length/min": resp_len.min().item(),
+            "response_length/clip_ratio": (resp_len >= self.spec.data.max_response_length).float().mean().item(),
+            "prompt_length/mean": prompt_len.mean().item(), "prompt_length/max": prompt_len.max().item(),
+            "prompt_length/min": prompt_len.min().item(),
+        }
+        if entropy is not None:
+            m["actor/entropy"] = masked_mean(entropy, mask).item()
+        if "values" in rows:
+            values, returns = rows["values"], rows["returns"]
+            m["critic/values/mean"] = masked_mean(values, mask).item()
+            var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
+            diff = returns - values
+            var_diff = masked_mean((diff - masked_mean(diff, mask)) ** 2, mask)
+            m["critic/vf_explained_var"] = (1 - var_diff / (var_returns + 1e-8)).item()
+        if "rollout_log_probs" in rows:  # verl's check of rollout vs. trainer numerics (should stay < 0.005)
+            diff = (rows["old_log_probs"].exp() - rows["rollout_log_probs"].exp()).abs()
+            m["training/rollout_probs_diff_mean"] = masked_mean(diff, mask).item()
+            m["training/rollout_probs_diff_max"] = diff[mask.bool()].max().item()
+        if self.spec.algorithm.kl.loss.enabled:
+            m["actor/kl_coef"] = self.spec.algorithm.kl.loss.coef
+        elif self.spec.algorithm.kl.in_reward:
+            m["actor/kl_coef"] = self.kl_ctrl.value
+        m.update(extra)
+        return m
+
+    def perf_metrics(self, rows: Rows, timer: Timer) -> dict[str, float]:
+        import psutil
+
+        tokens = float(rows["response_mask"].sum() + rows["prompt_mask"].sum())
+        step_time = timer.seconds["step"]
+        m = {"perf/total_num_tokens": tokens, "perf/time_per_step": step_time,
+             "perf/throughput": tokens / (step_time * self.dp),
+             "perf/cpu_memory_used_gb": psutil.virtual_memory().used / 2**30}
+        peak = self.peak_flops()
+        update_time = timer.seconds.get("update_actor")
+        if peak and update_time:
+            flops = self.flops_per_token * tokens * self.spec.batch.ppo_epochs
+            m["perf/mfu/actor"] = flops / (update_time * peak * self.dp)
+        if self.spec.cluster.device == "cuda":
+            stats = self.actor.all("device_stats")
+            if stats and "max_memory_allocated_gb" in stats[0]:
+                m["perf/max_memory_allocated_gb"] = max(s["max_memory_allocated_gb"] for s in stats)
+                m["perf/max_memory_reserved_gb"] = max(s["max_memory_reserved_gb"] for s in stats)
+            for rank, s in enumerate(stats):
+                for key in ("utilization", "memory_used_gb"):
+                    if key in s:
+                        m[f"gpu/{rank}/{key}"] = s[key]
+        return m
+
+    def peak_flops(self) -> float | None:
+        """Peak FLOP/s of one device, or None when unknown (CPU without KUBERL_PEAK_FLOPS): no MFU then."""
+        if os.environ.get("KUBERL_PEAK_FLOPS"):
+            return float(os.environ["KUBERL_PEAK_FLOPS"])
+        if self.spec.cluster.device != "cuda":
+            return None
+        if not hasattr(self, "gpu_name"):
+            self.gpu_name = self.actor.all("device_name")[0]
+        return next((v for k, v in PEAK_FLOPS.items() if k in self.gpu_name), None)
+
+    # --- teardown --------------------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        import ray
+
+        if hasattr(self, "metrics"):
+            self.metrics.close()
+        for group in self.groups:
+            try:
+                group.kill()
+            except Exception:
+                pass
+        if getattr(self, "pg", None) is not None:
+            try:
+                ray.util.remove_placement_group(self.pg)
+            except Exception:
+                pass
+        if self.ray_started_here:
+            ray.shutdown()
+
+
+def place_at_last_token(scores: Tensor, response_mask: Tensor) -> Tensor:
+    """Sequence scores as token rewards on each response's last valid token, ``(B, R)`` (verl's placement)."""
+    token_scores = torch.zeros(response_mask.shape, dtype=torch.float32)
+    last = (response_mask.sum(-1) - 1).clamp(min=0).long()
+    token_scores[torch.arange(len(scores)), last] = scores
+    return token_scores
+
+
+def reduce_update_metrics(results: list[dict[str, float]], role: str) -> dict[str, float]:
+    """Per-rank sums → verl's metrics: losses are sums of global shares (summed over ranks, averaged over
+    optimizer steps); fractions are token-weighted."""
+    total = {k: sum(r.get(k, 0.0) for r in results) for k in results[0]}
+    updates = max(1.0, results[0]["updates"])
+    tokens = max(1.0, total["tokens"])
+    out = {f"{role}/grad_norm": results[0]["grad_norm"], f"{role}/lr": results[0]["lr"]}
+    if role == "actor":
+        out["actor/pg_loss"] = total["pg_loss"] / updates
+        for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
+            out[f"actor/{key}"] = total[key] / tokens
+        if "kl_loss" in total:
+            out["actor/kl_loss"] = total["kl_loss"] / updates
+        out["actor/micro_batches"] = results[0]["micro_batches"] / updates
+    else:
+        out["critic/vf_loss"] = total["vf_loss"] / updates
+        out["critic/vf_clipfrac"] = total["vf_clipfrac"] / tokens
+    return out
+
+
+# --- entry points ----------------------------------------------------------------------------------------------
+
+
+def run_job(name: str, spec: RLJobSpec, *, address: str | None = None, run_dir: str | None = None,
+            steps: int | None = None, namespace: str = "default", show_progress: bool = True) -> int:
+    """Train ``spec``; 0 when done, 130 after an interrupt (checkpoint saved), 1 on failure."""
+    folder = Path(run_dir) if run_dir else Path("runs") / name
+    folder.mkdir(parents=True, exist_ok=True)
+    trainer = Trainer(name, spec, run_dir=folder, namespace=namespace, address=address, steps=steps,
+                      show_progress=show_progress)
+    started = time.time()
+    try:
+        trainer.setup()
+        code = trainer.fit()
+    finally:
+        trainer.shutdown()
+    print(f"run {name}: {trainer.global_step} steps in {time.time() - started:.1f} s; metrics in "
+          f"{folder / 'metrics.jsonl'}; last checkpoint {trainer.last_checkpoint}")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kuberl.trainer.run --spec-file spec.json --name NAME --namespace NS`` (the RayJob entrypoint)."""
+    parser = argparse.ArgumentParser(prog="python -m kuberl.trainer.run", description=main.__doc__)
+    parser.add_argument("--spec-file", required=True, help="the RLJob spec as JSON (or YAML), camelCase")
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--namespace", default=os.environ.get("KUBERL_NAMESPACE", "default"))
+    parser.add_argument("--address", default="auto", help='Ray address; "auto" joins the cluster this pod is in')
+    parser.add_argument("--run-dir")
+    parser.add_argument("--steps", type=int)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    from kuberl.api import InvalidSpec
+
+    text = Path(args.spec_file).read_text()
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError:
+        import yaml
+
+        raw = yaml.safe_load(text)
+    raw = raw.get("spec", raw) if isinstance(raw, dict) and "apiVersion" in raw else raw
+    try:
+        spec = parse_spec(raw, source=args.spec_file)
+    except InvalidSpec as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return run_job(args.name, spec, address=args.address, run_dir=args.run_dir, steps=args.steps,
+                   namespace=args.namespace, show_progress=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Report training progress into ``RLJob.status.progress`` from inside the RayJob.
+
+On when ``KUBERL_REPORT_STATUS=1`` and the pod has in-cluster credentials (the operator sets both), or
+``KUBECONFIG`` names a kubeconfig. Patches go to
+the ``status`` subresource as a JSON merge patch, at most one per ``min_interval`` seconds (the final report is
+forced), and an API error is logged, never raised: a status update must not fail a training run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from kuberl.api.spec import GROUP, PLURAL, VERSION
+
+log = logging.getLogger(__name__)
+
+ENV_FLAG = "KUBERL_REPORT_STATUS"
+TOKEN_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+def in_cluster() -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and TOKEN_FILE.is_file()
+
+
+class StatusReporter:
+    def __init__(self, name: str, namespace: str, *, api: Any = None, min_interval: float = 10.0,
+                 clock: Any = time.monotonic) -> None:
+        self.name = name
+        self.namespace = namespace
+        self.api = api
+        self.min_interval = min_interval
+        self.clock = clock
+        self.last_sent: float | None = None
+        self.failures = 0
+
+    @classmethod
+    def from_env(cls, name: str, namespace: str | None) -> StatusReporter | None:
+        """A reporter when enabled and possible, else None (local runs)."""
+        if os.environ.get(ENV_FLAG) != "1":
+            return None
+        kubeconfig = os.environ.get("KUBECONFIG")
+        if not namespace or not (in_cluster() or kubeconfig):
+            log.warning("%s=1 but no in-cluster credentials, KUBECONFIG or namespace: RLJob status will not be "
+                        "updated", ENV_FLAG)
+            return None
+        try:
+            from kubernetes import client, config
+
+            if in_cluster():
+                config.load_incluster_config()
+            else:  # a Ray cluster outside Kubernetes reporting to one (`ray start` on workstations, tests)
+                config.load_kube_config(config_file=kubeconfig)
+            return cls(name, namespace, api=client.CustomObjectsApi())
+        except Exception as exc:
+            log.warning("cannot create the Kubernetes client, RLJob status will not be updated: %s", exc)
+            return None
+
+    @staticmethod
+    def body(progress: dict[str, Any]) -> dict[str, Any]:
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return {"status": {"progress": {**{k: v for k, v in progress.items() if v is not None}, "updatedAt": now}}}
+
+    def report(self, progress: dict[str, Any], *, force: bool = False) -> bool:
+        """Patch ``status.progress`` (camelCase keys) unless one was sent less than ``min_interval`` ago."""
+        now = self.clock()
+        if not force and self.last_sent is not None and now - self.last_sent < self.min_interval:
+            return False
+        self.last_sent = now
+        try:
+            self.api.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, self.name,
+                                                           self.body(progress))
+            return True
+        except Exception as exc:
+            self.failures += 1
+            log.warning("RLJob %s/%s status patch failed (%d so far): %s", self.namespace, self.name, self.failures,
+                        exc)
+            return False

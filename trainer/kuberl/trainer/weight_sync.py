@@ -1,0 +1,225 @@
+"""Moving the actor's weights into the rollout engines after every update.
+
+Two paths, one per ``rollout.placement``:
+
+- ``colocated``: every trainer rank owns a vLLM engine on its own GPU. Each rank gathers the FSDP2 shards
+  parameter by parameter (``full_tensor()``, a collective: every rank iterates in the same order), groups the full
+  tensors into buckets of ``bucket_mb`` and hands each bucket to its engine (``load_weights``) before the next one
+  is gathered, so at most one bucket of full tensors exists beside the shards.
+- ``separate``: the engines live in their own Ray actors on their own GPUs. Trainer rank 0 and every engine worker
+  join one NCCL group (vLLM's stateless group + ``PyNcclCommunicator``; vLLM's ``nccl`` weight-transfer backend
+  receives on the engine side). All trainer ranks iterate the shards (the gathers are collectives); rank 0
+  broadcasts packed buffers of ``bucket_mb``, the engines unpack them into ``load_weights``.
+
+Names are Hugging Face's (``model.layers.0.self_attn.q_proj.weight``); vLLM's ``load_weights`` maps them onto its
+fused layers. With tied embeddings the output head is the embedding matrix, so ``lm_head.weight`` is never sent.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from kuberl.trainer.fsdp import LORA_PREFIX, full_named_parameters
+
+DEFAULT_BUCKET_MB = 512
+TIED_HEAD = "lm_head.weight"
+
+Bucket = list[tuple[str, Tensor]]
+
+
+def is_tied(model: nn.Module) -> bool:
+    config = getattr(model, "config", None)
+    return bool(getattr(config, "tie_word_embeddings", False))
+
+
+def rollout_named_tensors(named: Iterable[tuple[str, Tensor]], *, tied: bool, dtype: torch.dtype | None = None,
+                          device: torch.device | str | None = None) -> Iterator[tuple[str, Tensor]]:
+    """``named`` with the tied output head dropped, each tensor cast to ``dtype`` and moved to ``device``."""
+    for name, tensor in named:
+        if tied and name == TIED_HEAD:
+            continue
+        if dtype is not None or device is not None:
+            tensor = tensor.to(device=device, dtype=dtype, non_blocking=True)
+        yield name, tensor
+
+
+def bucketed(named: Iterable[tuple[str, Tensor]], bucket_bytes: int) -> Iterator[Bucket]:
+    """Consecutive groups of at most ``bucket_bytes`` (a tensor larger than that is a bucket of its own)."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket size must be positive, got {bucket_bytes} bytes")
+    bucket: Bucket = []
+    size = 0
+    for name, tensor in named:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def fsdp_weight_buckets(model: nn.Module, *, bucket_mb: int = DEFAULT_BUCKET_MB, dtype: torch.dtype = torch.bfloat16,
+                        device: torch.device | str | None = None,
+                        lora_scaling: float | None = None) -> Iterator[Bucket]:
+    """Full (unsharded) weights of an FSDP2 model in buckets of ``bucket_mb`` MiB, in the rollout dtype.
+
+    Every rank of the FSDP group must drain this iterator in lockstep: each parameter's ``full_tensor()`` is an
+    all-gather. LoRA adapters are merged into their base weights (``fsdp.full_named_parameters``).
+    """
+    named = full_named_parameters(model, lora_scaling=lora_scaling)
+    yield from bucketed(rollout_named_tensors(named, tied=is_tied(_base(model)), dtype=dtype, device=device),
+                        bucket_mb * 1024 * 1024)
+
+
+def _base(model: nn.Module) -> nn.Module:
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+@dataclass(frozen=True)
+class ParamMeta:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+def fsdp_param_metadata(model: nn.Module, *, dtype: torch.dtype = torch.bfloat16,
+                        lora: bool = False) -> list[ParamMeta]:
+    """Name, wire dtype and full shape of every tensor :func:`fsdp_weight_buckets` yields, in the same order,
+    read from the DTensors' global shapes without gathering anything."""
+    tied = is_tied(_base(model))
+    metas = []
+    for name, param in model.named_parameters():
+        if lora:
+            if ".lora_" in name:
+                continue
+            name = name.removeprefix(LORA_PREFIX).replace(".base_layer.", ".")
+        if tied and name == TIED_HEAD:
+            continue
+        metas.append(ParamMeta(name, dtype, tuple(param.shape)))
+    return metas
+
+
+# --- separate placement: NCCL broadcast from trainer rank 0 --------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def node_ip() -> str:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return socket.gethostbyname(socket.gethostname())
+
+
+@dataclass(frozen=True)
+class BroadcastGroup:
+    """Where the trainer-to-engines NCCL group meets: rank 0 is the trainer, engine ``i``'s workers follow."""
+
+    master_address: str
+    master_port: int
+    engine_world_sizes: tuple[int, ...]
+    """Workers per engine (its tensorParallelSize)."""
+
+    @property
+    def world_size(self) -> int:
+        return 1 + sum(self.engine_world_sizes)
+
+    def engine_init_info(self, engine: int) -> dict[str, Any]:
+        """vLLM's ``NCCLWeightTransferInitInfo`` for engine ``engine`` (``LLM.init_weight_transfer_engine``)."""
+        return {"master_address": self.master_address, "master_port": self.master_port,
+                "rank_offset": 1 + sum(self.engine_world_sizes[:engine]), "world_size": self.world_size}
+
+
+def new_broadcast_group(engine_world_sizes: Sequence[int]) -> BroadcastGroup:
+    """A rendezvous address on this node (call it on trainer rank 0)."""
+    return BroadcastGroup(node_ip(), free_port(), tuple(int(w) for w in engine_world_sizes))
+
+
+class WeightBroadcaster:
+    """Trainer side of the ``separate`` path.
+
+    ``engines`` are the rollout Ray actors (:class:`kuberl.trainer.rollout.vllm.VLLMEngineActor`). Construct it on
+    every trainer rank with the same ``group``; only rank 0 opens the NCCL communicator and talks to the engines,
+    the other ranks only take part in the FSDP gathers of :meth:`send`.
+    """
+
+    def __init__(self, group: BroadcastGroup, engines: Sequence[Any], *, rank: int,
+                 bucket_mb: int = DEFAULT_BUCKET_MB) -> None:
+        self.group = group
+        self.engines = list(engines)
+        self.rank = rank
+        self.bucket_bytes = bucket_mb * 1024 * 1024
+        self.communicator = None
+        if rank != 0:
+            return
+        import ray
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+
+        if len(self.engines) != len(group.engine_world_sizes):
+            raise ValueError(f"{len(self.engines)} engines but the group was made for "
+                             f"{len(group.engine_world_sizes)}")
+        # Both sides block in the rendezvous: start the engines' side first, then join.
+        pending = [e.init_weight_transfer.remote(group.engine_init_info(i)) for i, e in enumerate(self.engines)]
+        self.communicator = NCCLWeightTransferEngine.trainer_init(
+            {"master_address": group.master_address, "master_port": group.master_port,
+             "world_size": group.world_size})
+        ray.get(pending)
+
+    def send(self, named: Iterable[tuple[str, Tensor]], metadata: Sequence[ParamMeta]) -> None:
+        """Broadcast ``named`` (full tensors on this rank's GPU, in ``metadata``'s order) to every engine.
+
+        Called on every trainer rank with the same iterator (it drives the FSDP gathers); ranks other than 0 drain
+        it and send nothing.
+        """
+        if self.rank != 0:
+            for _ in named:
+                pass
+            return
+        import ray
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+
+        update_info = {"names": [m.name for m in metadata],
+                       "dtype_names": [str(m.dtype).removeprefix("torch.") for m in metadata],
+                       "shapes": [list(m.shape) for m in metadata],
+                       "packed": True, "packed_buffer_size_bytes": self.bucket_bytes, "packed_num_buffers": 2}
+        pending = [e.receive_weights.remote(update_info) for e in self.engines]
+        expected = iter(metadata)
+
+        def checked() -> Iterator[tuple[str, Tensor]]:
+            for name, tensor in named:
+                meta = next(expected, None)
+                if meta is None or meta.name != name or tuple(tensor.shape) != meta.shape:
+                    raise RuntimeError(f"weight stream out of step with its metadata at {name!r} "
+                                       f"(expected {meta}); the engines are left waiting for the broadcast")
+                yield name, tensor.to(meta.dtype).contiguous()
+
+        NCCLWeightTransferEngine.trainer_send_weights(
+            checked(), {"group": self.communicator, "packed": True, "packed_buffer_size_bytes": self.bucket_bytes,
+                        "packed_num_buffers": 2})
+        torch.cuda.synchronize()
+        ray.get(pending)
+
+    def send_fsdp(self, model: nn.Module, *, dtype: torch.dtype = torch.bfloat16,
+                  lora_scaling: float | None = None) -> None:
+        """:meth:`send` of an FSDP2 model's full weights."""
+        metadata = fsdp_param_metadata(model, dtype=dtype, lora=lora_scaling is not None)
+        named = rollout_named_tensors(full_named_parameters(model, lora_scaling=lora_scaling),
+                                      tied=is_tied(_base(model)))
+        self.send(named, metadata)

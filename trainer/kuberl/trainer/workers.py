@@ -1,0 +1,561 @@
+"""Ray actor worker groups: one actor per rank, SPMD inside a group, driven by the single controller.
+
+- :class:`ActorWorker` holds the FSDP2 policy, the frozen reference (a second FSDP2 model, or with LoRA the same
+  model under ``disable_adapter()``) and the colocated rollout engine.
+- :class:`CriticWorker` holds the value model: the policy's decoder (``AutoModelForCausalLM.<base_model_prefix>``)
+  plus a fresh ``nn.Linear(hidden, 1)`` value head (zero-initialised, so the first values are 0). It is a small
+  module of ours rather than ``AutoModelForTokenClassification`` because the tiny test models and GGUF-converted
+  folders load as causal LMs, and the decoder weights then come from the same loader as the actor's.
+- :class:`RewardModelWorker` scores texts with a sequence-classification reward model.
+
+Placement: one placement group for the trainer pool with one bundle per rank (``{"CPU": 1, "GPU": 1}``, or
+``{"CPU": 1}`` with ``cluster.device: cpu``); the actor, critic and reward-model actors of rank ``r`` share bundle
+``r`` with fractional shares and take turns, as verl's colocated roles do. Each group has its own
+``torch.distributed`` process group (gloo on CPU, NCCL on CUDA) whose rendezvous address rank 0 picks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from kuberl.api.spec import RLJobSpec
+from kuberl.trainer import fsdp
+from kuberl.trainer.microbatch import Rows, equalize, micro_batches, model_inputs, num_rows, pad_right, select, trim
+
+log = logging.getLogger(__name__)
+
+FRACTION = {"actor": 0.5, "critic": 0.3, "reward_model": 0.2}
+"""Share of a rank's bundle each role's actor requests (they run one at a time)."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class DistributedWorker:
+    """A rank of a worker group: process-group setup, threads, seeding."""
+
+    role = "worker"
+
+    def __init__(self, spec_json: str, rank: int, world_size: int, threads: int) -> None:
+        logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {self.role}[{rank}] %(levelname)s %(message)s")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        self.spec = RLJobSpec.model_validate_json(spec_json)
+        self.rank = rank
+        self.world_size = world_size
+        torch.set_num_threads(max(1, threads))
+        self.device = torch.device("cuda", 0) if self.spec.cluster.device == "cuda" else torch.device("cpu")
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        seed = self.spec.data.seed * 1000 + rank
+        torch.manual_seed(seed)
+        import random
+
+        import numpy as np
+
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+
+    def rendezvous(self) -> tuple[str, int]:
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def init_distributed(self, address: str, port: int) -> None:
+        import torch.distributed as dist
+
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=self.rank,
+                                world_size=self.world_size)
+
+    # --- micro-batch loop shared by actor and critic ---
+
+    def plan(self, rows: Rows, micro_batch_size: int | None, max_tokens: int | None) -> list[list[int]]:
+        """This rank's micro-batches, padded to the same count on every rank (FSDP collectives must pair up)."""
+        import torch.distributed as dist
+
+        bins = micro_batches(rows, micro_batch_size=micro_batch_size, max_tokens=max_tokens)
+        count = torch.tensor([len(bins)], device=self.device)  # NCCL reduces device tensors only
+        if self.world_size > 1:
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return equalize(bins, int(count))
+
+    def forward_only(self, rows: Rows, fn: Callable[[Rows], dict[str, Tensor]], *, micro_batch_size: int | None,
+                     max_tokens: int | None) -> dict[str, Tensor]:
+        """Run ``fn`` over micro-batches without gradients and stitch the ``(b, r)`` outputs back to ``(B, R)``."""
+        width = rows["responses"].shape[1]
+        outputs: dict[str, list[tuple[list[int], Tensor]]] = {}
+        with torch.no_grad():
+            for idx in self.plan(rows, micro_batch_size, max_tokens):
+                result = fn(select(rows, idx or [0]))
+                if not idx:
+                    continue
+                for key, value in result.items():
+                    outputs.setdefault(key, []).append((idx, pad_right(value.float().cpu(), width, 0.0)))
+        stitched = {}
+        for key, parts in outputs.items():
+            out = torch.zeros(num_rows(rows), width)
+            for idx, value in parts:
+                out[torch.as_tensor(idx)] = value
+            stitched[key] = out
+        return stitched
+
+
+def response_logits(model: nn.Module, rows: Rows, temperature: float, device: torch.device) -> tuple[Tensor, Rows]:
+    """Logits that predict each response token, ``(b, r, V)``, on the trimmed rows (returned too).
+
+    Logits are divided by the sampling temperature, as verl does, so that they describe the distribution the
+    rollout sampled from.
+    """
+    rows = trim(rows)
+    input_ids, attention_mask, position_ids = model_inputs(rows)
+    r = rows["responses"].shape[1]
+    out = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                position_ids=position_ids.to(device), use_cache=False, logits_to_keep=r + 1)
+    logits = out.logits[:, :-1].float()
+    if temperature > 0:
+        logits = logits / temperature
+    return logits, rows
+
+
+class ActorWorker(DistributedWorker):
+    role = "actor"
+
+    def init_model(self, total_steps: int) -> dict[str, Any]:
+        from kuberl.trainer.models import load_causal_lm, load_tokenizer, num_params
+
+        spec = self.spec
+        self.tokenizer = load_tokenizer(spec.model.tokenizer_path or spec.model.path)
+        model = load_causal_lm(spec.model.path, torch.float32)
+        self.config = model.config
+        lora = spec.model.lora
+        self.lora_scaling = lora.alpha / lora.rank if lora else None
+        lora_args = {"rank": lora.rank, "alpha": lora.alpha, "target_modules": lora.target_modules} if lora else None
+        kl = spec.algorithm.kl
+        self.uses_ref = kl.in_reward or kl.loss.enabled
+        common = {"device": self.device, "dtype": spec.model.dtype}
+        self.ref = None
+        if self.uses_ref and lora is None:
+            self.ref = fsdp.prepare(load_causal_lm(spec.model.path, torch.float32), gradient_checkpointing=False,
+                                    reshard_after_forward=True, param_offload=spec.actor.fsdp.param_offload,
+                                    trainable=False, **common)
+        params = num_params(model)
+        if spec.actor.fsdp.optimizer_offload and not spec.actor.fsdp.param_offload and self.device.type == "cuda":
+            log.warning("actor.fsdp.optimizerOffload without paramOffload is not implemented: AdamW state stays on "
+                        "the GPU (set paramOffload to offload parameters, gradients and optimizer state)")
+        self.model = fsdp.prepare(model, gradient_checkpointing=spec.model.gradient_checkpointing,
+                                  reshard_after_forward=spec.actor.fsdp.reshard_after_forward,
+                                  param_offload=spec.actor.fsdp.param_offload, lora=lora_args, **common)
+        optim = spec.actor.optim
+        self.optimizer = fsdp.make_optimizer(self.model, lr=optim.lr, weight_decay=optim.weight_decay)
+        self.scheduler = fsdp.make_scheduler(self.optimizer, warmup_steps=optim.warmup_steps,
+                                             total_steps=total_steps, kind=optim.scheduler,
+                                             min_lr_ratio=optim.min_lr_ratio)
+        eos_ids = sorted({self.tokenizer.eos_token_id, *_as_list(getattr(self.config, "eos_token_id", None))} - {None})
+        self.rollout = self.build_rollout(eos_ids)
+        self.sync_weights()
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)  # DTensor numel is global
+        return {"params": params, "trainable_params": trainable, "pad_id": self.tokenizer.pad_token_id,
+                "eos_ids": eos_ids}
+
+    # --- rollout ---
+
+    def build_rollout(self, eos_ids: list[int]) -> Any:
+        """The colocated engine of this rank. ``hf`` gets a plain copy of the policy; ``vllm`` starts an engine on
+        this rank's GPU with dummy weights that the first :meth:`sync_weights` replaces. (``placement: separate``
+        needs its own engine group, which this driver does not place yet.)"""
+        from kuberl.trainer.models import load_causal_lm
+        from kuberl.trainer.rollout import make_rollout
+
+        spec, r = self.spec, self.spec.rollout
+        common = {"pad_id": self.tokenizer.pad_token_id, "eos_ids": eos_ids,
+                  "calculate_log_probs": r.calculate_log_probs}
+        if r.engine == "vllm":
+            if r.placement != "colocated":
+                raise NotImplementedError("rollout.placement separate is not wired into the trainer yet")
+            return make_rollout("vllm", model_path=spec.model.path, placement="colocated",
+                                tensor_parallel_size=r.tensor_parallel_size,
+                                gpu_memory_utilization=r.gpu_memory_utilization,
+                                max_model_len=spec.data.max_prompt_length + spec.data.max_response_length,
+                                max_num_batched_tokens=r.max_num_batched_tokens, max_num_seqs=r.max_num_seqs,
+                                enforce_eager=r.enforce_eager, dtype=spec.model.dtype, seed=spec.data.seed,
+                                load_format="dummy", **common)
+        model = load_causal_lm(spec.model.path, fsdp.compute_dtype(spec.model.dtype, self.device.type))
+        return make_rollout("hf", model=model, max_batch_size=r.max_num_seqs, device=self.device, **common)
+
+    def sync_weights(self) -> None:
+        """Stream the gathered full weights into the rollout engine (every rank keeps a full copy).
+
+        The engine's KV cache stays asleep meanwhile (update_weights wakes only the weights), which keeps
+        the peak memory of a colocated vLLM engine down.
+        """
+        self.rollout.update_weights(fsdp.full_named_parameters(self.model, lora_scaling=self.lora_scaling))
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: dict[str, Any]) -> dict[str, Tensor]:
+        if self.rollout.needs_weights:  # e.g. validation put a vLLM engine into a sleep that dropped its weights
+            self.sync_weights()
+        self.rollout.wake()
+        batch = self.rollout.generate(prompts, n, **sampling)
+        self.rollout.sleep()
+        return batch.as_rows()
+
+    # --- log-probs ---
+
+    def _log_probs(self, model: nn.Module, rows: Rows, with_entropy: bool) -> dict[str, Tensor]:
+        from kuberl.trainer.losses import entropy_from_logits, log_probs_from_logits
+
+        logits, trimmed = response_logits(model, rows, self.spec.rollout.temperature, self.device)
+        out = {"log_probs": log_probs_from_logits(logits, trimmed["responses"].to(logits.device))}
+        if with_entropy:
+            out["entropy"] = entropy_from_logits(logits)
+        return out
+
+    def _forward_sizes(self) -> tuple[int | None, int | None]:
+        batch = self.spec.batch
+        if batch.dynamic_batch_size.enabled:
+            return None, batch.dynamic_batch_size.max_token_len_per_gpu
+        return batch.log_prob_micro_batch_size_per_gpu or batch.ppo_micro_batch_size_per_gpu, None
+
+    def compute_log_probs(self, rows: Rows) -> dict[str, Tensor]:
+        """Old log-probs and entropy of the current policy, ``(B, R)`` each."""
+        micro, tokens = self._forward_sizes()
+        self.model.eval()
+        return self.forward_only(rows, lambda mb: self._log_probs(self.model, mb, True), micro_batch_size=micro,
+                                 max_tokens=tokens)
+
+    def compute_ref_log_probs(self, rows: Rows) -> dict[str, Tensor]:
+        micro, tokens = self._forward_sizes()
+        if self.ref is not None:
+            fn = lambda mb: self._log_probs(self.ref, mb, False)  # noqa: E731
+            out = self.forward_only(rows, fn, micro_batch_size=micro, max_tokens=tokens)
+        else:  # LoRA: the base model is the reference
+            self.model.eval()
+            with self.model.disable_adapter():
+                out = self.forward_only(rows, lambda mb: self._log_probs(self.model, mb, False),
+                                        micro_batch_size=micro, max_tokens=tokens)
+        return {"ref_log_probs": out["log_probs"]}
+
+    # --- update ---
+
+    def update(self, mini_batches: list[Rows], totals: list[dict[str, float]]) -> dict[str, float]:
+        """PPO epochs × mini-batches × micro-batches; one optimizer step per mini-batch.
+
+        ``totals[j]`` holds mini-batch ``j``'s valid response tokens and rows over all ranks, so each micro-batch
+        loss is its share of the global mini-batch loss; FSDP averages gradients over ranks, so the loss is
+        multiplied by the rank count before backward.
+        """
+        from kuberl.trainer.kl import kl_penalty
+        from kuberl.trainer.losses import agg_loss, policy_loss
+
+        spec, algo = self.spec, self.spec.algorithm
+        batch = spec.batch
+        micro = None if batch.dynamic_batch_size.enabled else batch.ppo_micro_batch_size_per_gpu
+        tokens = batch.dynamic_batch_size.max_token_len_per_gpu if micro is None else None
+        kl_loss = algo.kl.loss
+        sums: dict[str, float] = {}
+        updates = 0
+        grad_norms = []
+        self.model.train()
+        for _ in range(batch.ppo_epochs):
+            for rows, total in zip(mini_batches, totals, strict=True):
+                agg = {"batch_tokens": total["tokens"], "batch_seqs": total["seqs"],
+                       "loss_scale_factor": float(spec.data.max_response_length)}
+                bins = self.plan(rows, micro, tokens)
+                self.optimizer.zero_grad(set_to_none=True)
+                sums["micro_batches"] = sums.get("micro_batches", 0.0) + len(bins)
+                for i, idx in enumerate(bins):
+                    fsdp.set_gradient_sync(self.model, i == len(bins) - 1)
+                    mb = {key: t.to(self.device) for key, t in trim(select(rows, idx or [0])).items()}
+                    weight = 1.0 if idx else 0.0  # an empty micro-batch only pairs up FSDP collectives
+                    out = self._log_probs(self.model, mb, algo.entropy_coef > 0)
+                    log_probs = out["log_probs"]
+                    mask = mb["response_mask"].float()
+                    loss, metrics = policy_loss(log_probs, mb["old_log_probs"], mb["advantages"], mask,
+                                                clip_ratio_low=algo.clip_ratio_low,
+                                                clip_ratio_high=algo.clip_ratio_high,
+                                                clip_ratio_c=algo.clip_ratio_c, agg_mode=algo.loss_agg_mode, **agg)
+                    pg = loss.detach()
+                    if algo.entropy_coef > 0:
+                        entropy = agg_loss(out["entropy"], mask, algo.loss_agg_mode, **agg)
+                        loss = loss - algo.entropy_coef * entropy
+                    if kl_loss.enabled:
+                        kl = agg_loss(kl_penalty(log_probs, mb["ref_log_probs"], kl_loss.type), mask,
+                                      algo.loss_agg_mode, **agg)
+                        loss = loss + kl_loss.coef * kl
+                        sums["kl_loss"] = sums.get("kl_loss", 0.0) + weight * float(kl.detach())
+                    (loss * self.world_size * weight).backward()
+                    n_tok = float(mask.sum()) * weight
+                    sums["pg_loss"] = sums.get("pg_loss", 0.0) + weight * float(pg)
+                    sums["tokens"] = sums.get("tokens", 0.0) + n_tok
+                    for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
+                        sums[key] = sums.get(key, 0.0) + float(metrics[key]) * n_tok
+                grad_norms.append(self._optimizer_step(spec.actor.optim.grad_clip))
+                updates += 1
+        self.scheduler.step()
+        return {**sums, "updates": float(updates), "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
+                "lr": self.optimizer.param_groups[0]["lr"]}
+
+    def _optimizer_step(self, grad_clip: float) -> float:
+        norm = fsdp.clip_grad_norm(self.model, grad_clip)
+        if torch.isfinite(torch.tensor(norm)):
+            self.optimizer.step()
+        else:
+            log.warning("non-finite gradient norm %s: optimizer step skipped", norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # --- checkpoints ---
+
+    def save_checkpoint(self, folder: str) -> None:
+        from kuberl.trainer.checkpoint import save_sharded
+
+        save_sharded(folder, rank=self.rank, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+        if self.rank == 0:
+            hf = Path(folder) / "hf"
+            fsdp.base_model(self.model).config.save_pretrained(hf)
+            self.tokenizer.save_pretrained(hf)
+            (Path(folder) / "lora.json").write_text(
+                "{}" if self.lora_scaling is None else f'{{"scaling": {self.lora_scaling}}}')
+
+    def load_checkpoint(self, folder: str) -> None:
+        from kuberl.trainer.checkpoint import load_sharded
+
+        load_sharded(folder, rank=self.rank, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+        self.sync_weights()
+
+    def full_weights(self) -> dict[str, Tensor]:
+        """The policy's full weights under Hugging Face names (LoRA merged); a collective: call on every rank."""
+        return {name: t.detach().cpu().clone()
+                for name, t in fsdp.full_named_parameters(self.model, lora_scaling=self.lora_scaling)}
+
+    def device_stats(self) -> dict[str, float]:
+        return device_stats(self.device)
+
+    def device_name(self) -> str:
+        return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+
+
+class ValueModel(nn.Module):
+    """A decoder plus a linear value head: ``values[b, t]`` is the value of the state ending at token ``t``."""
+
+    def __init__(self, causal_lm: nn.Module) -> None:
+        super().__init__()
+        self.backbone = getattr(causal_lm, causal_lm.base_model_prefix)
+        self.config = causal_lm.config
+        self._no_split_modules = causal_lm._no_split_modules
+        self.value_head = nn.Linear(self.config.hidden_size, 1)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
+        self.backbone.gradient_checkpointing_enable(**kwargs)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               use_cache=False).last_hidden_state
+        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+
+
+class CriticWorker(DistributedWorker):
+    role = "critic"
+
+    def init_model(self, total_steps: int) -> dict[str, Any]:
+        from kuberl.trainer.models import load_causal_lm
+
+        spec = self.spec
+        critic = spec.critic
+        assert critic is not None, "gae needs spec.critic (validation enforces it)"
+        model = ValueModel(load_causal_lm(critic.model_path or spec.model.path, torch.float32))
+        self.model = fsdp.prepare(model, device=self.device, dtype=spec.model.dtype,
+                                  gradient_checkpointing=spec.model.gradient_checkpointing,
+                                  reshard_after_forward=critic.fsdp.reshard_after_forward,
+                                  param_offload=critic.fsdp.param_offload)
+        optim = critic.optim
+        self.optimizer = fsdp.make_optimizer(self.model, lr=optim.lr, weight_decay=optim.weight_decay)
+        self.scheduler = fsdp.make_scheduler(self.optimizer, warmup_steps=optim.warmup_steps,
+                                             total_steps=total_steps, kind=optim.scheduler,
+                                             min_lr_ratio=optim.min_lr_ratio)
+        return {}
+
+    def _values(self, rows: Rows) -> Tensor:
+        rows = trim(rows)
+        input_ids, attention_mask, position_ids = model_inputs(rows)
+        r = rows["responses"].shape[1]
+        values = self.model(input_ids.to(self.device), attention_mask.to(self.device), position_ids.to(self.device))
+        return values[:, -r - 1:-1].float()
+
+    def _micro(self) -> tuple[int | None, int | None]:
+        batch = self.spec.batch
+        if batch.dynamic_batch_size.enabled:
+            return None, batch.dynamic_batch_size.max_token_len_per_gpu
+        critic = self.spec.critic
+        return (critic.ppo_micro_batch_size_per_gpu if critic else None) or batch.ppo_micro_batch_size_per_gpu, None
+
+    def compute_values(self, rows: Rows) -> dict[str, Tensor]:
+        micro, tokens = self._micro()
+        forward_micro = self.spec.batch.log_prob_micro_batch_size_per_gpu or micro
+        self.model.eval()
+        return self.forward_only(rows, lambda mb: {"values": self._values(mb)}, micro_batch_size=forward_micro,
+                                 max_tokens=tokens)
+
+    def update(self, mini_batches: list[Rows], totals: list[dict[str, float]]) -> dict[str, float]:
+        from kuberl.trainer.losses import value_loss
+
+        spec = self.spec
+        critic = spec.critic
+        assert critic is not None
+        micro, tokens = self._micro()
+        sums: dict[str, float] = {}
+        grad_norms = []
+        self.model.train()
+        for _ in range(spec.batch.ppo_epochs):
+            for rows, total in zip(mini_batches, totals, strict=True):
+                bins = self.plan(rows, micro, tokens)
+                self.optimizer.zero_grad(set_to_none=True)
+                for k, idx in enumerate(bins):
+                    fsdp.set_gradient_sync(self.model, k == len(bins) - 1)
+                    mb = trim(select(rows, idx or [0]))
+                    weight = 1.0 if idx else 0.0
+                    values = self._values(mb)
+                    mask = mb["response_mask"].to(values.device).float()
+                    loss, metrics = value_loss(values, mb["values"].to(values.device), mb["returns"].to(values.device),
+                                               mask, cliprange_value=critic.cliprange_value,
+                                               agg_mode=spec.algorithm.loss_agg_mode, batch_tokens=total["tokens"],
+                                               batch_seqs=total["seqs"],
+                                               loss_scale_factor=float(spec.data.max_response_length))
+                    (loss * self.world_size * weight).backward()
+                    n_tok = float(mask.sum()) * weight
+                    sums["vf_loss"] = sums.get("vf_loss", 0.0) + weight * float(loss)
+                    sums["vf_clipfrac"] = sums.get("vf_clipfrac", 0.0) + float(metrics["vf_clipfrac"]) * n_tok
+                    sums["tokens"] = sums.get("tokens", 0.0) + n_tok
+                norm = fsdp.clip_grad_norm(self.model, critic.optim.grad_clip)
+                if torch.isfinite(torch.tensor(norm)):
+                    self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                grad_norms.append(norm)
+        self.scheduler.step()
+        return {**sums, "updates": float(len(grad_norms)), "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
+                "lr": self.optimizer.param_groups[0]["lr"]}
+
+    def save_checkpoint(self, folder: str) -> None:
+        from kuberl.trainer.checkpoint import save_sharded
+
+        save_sharded(folder, rank=self.rank, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+
+    def load_checkpoint(self, folder: str) -> None:
+        from kuberl.trainer.checkpoint import load_sharded
+
+        load_sharded(folder, rank=self.rank, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+
+
+class RewardModelWorker:
+    """Scores ``prompt + response`` texts with ``reward.model`` (one per rank; the driver splits the texts)."""
+
+    def __init__(self, spec_json: str, rank: int, world_size: int, threads: int) -> None:
+        from kuberl.trainer.rewards import RewardModelScorer
+
+        spec = RLJobSpec.model_validate_json(spec_json)
+        torch.set_num_threads(max(1, threads))
+        rm = spec.reward.model
+        assert rm is not None
+        device = "cuda" if spec.cluster.device == "cuda" else "cpu"
+        self.scorer = RewardModelScorer(rm.path, micro_batch_size=rm.micro_batch_size_per_gpu,
+                                        dtype=fsdp.compute_dtype(spec.model.dtype, device), max_length=rm.max_length,
+                                        device=device)
+        self.rank = rank
+
+    def init_distributed(self, address: str, port: int) -> None:
+        """Scoring is embarrassingly parallel: no process group."""
+
+    def rendezvous(self) -> tuple[str, int]:
+        return "", 0
+
+    def score(self, texts: list[str]) -> list[float]:
+        return self.scorer.score(texts)
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def device_stats(device: torch.device) -> dict[str, float]:
+    """Peak allocated memory (GPU) and NVML utilisation when ``pynvml`` is importable."""
+    stats: dict[str, float] = {}
+    if device.type != "cuda":
+        return stats
+    stats["max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+    stats["max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 2**30
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        index = int((os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0])
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        stats["utilization"] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        stats["memory_used_gb"] = pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30
+    except Exception:  # pynvml missing or NVML unavailable: memory from torch is still reported
+        pass
+    return stats
+
+
+# --- groups ----------------------------------------------------------------------------------------------------
+
+
+class WorkerGroup:
+    """``world_size`` Ray actors of ``cls``, rank ``r`` in bundle ``r`` of ``placement_group``."""
+
+    def __init__(self, cls: type, *, role: str, spec: RLJobSpec, placement_group: Any, world_size: int,
+                 threads: int, env: dict[str, str] | None = None) -> None:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        share = FRACTION[role]
+        remote = ray.remote(cls)
+        gpu = spec.cluster.device == "cuda"
+        spec_json = spec.model_dump_json()
+        self.role = role
+        self.workers = [
+            remote.options(
+                num_cpus=share, num_gpus=share if gpu else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group, placement_group_bundle_index=r),
+                runtime_env={"env_vars": env or {}},
+            ).remote(spec_json, r, world_size, threads)
+            for r in range(world_size)
+        ]
+        address, port = ray.get(self.workers[0].rendezvous.remote())
+        ray.get([w.init_distributed.remote(address, port) for w in self.workers])
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``method`` with the same arguments on every rank and wait for all."""
+        import ray
+
+        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
+
+    def each(self, method: str, per_rank: list[tuple]) -> list[Any]:
+        """Call ``method`` on rank ``r`` with ``per_rank[r]`` as arguments."""
+        import ray
+
+        return ray.get([getattr(w, method).remote(*args) for w, args in zip(self.workers, per_rank, strict=True)])
+
+    def kill(self) -> None:
+        import ray
+
+        for w in self.workers:
+            ray.kill(w)
