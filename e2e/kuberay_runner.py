@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
+import tempfile
 import signal
 import subprocess
 import sys
@@ -37,12 +39,18 @@ class Attempt:
     head: subprocess.Popen
     dashboard: str
     log: Path
+    ray_dir: Path
     submission_id: str = ""
 
     def kill(self) -> None:
         if self.head.poll() is None:
             os.killpg(self.head.pid, signal.SIGKILL)
             self.head.wait()
+        shutil.rmtree(self.ray_dir, ignore_errors=True)
+
+    def driver_log(self) -> str:
+        logs = sorted(self.ray_dir.glob("session_*/logs/job-driver-*.log"))
+        return logs[-1].read_text()[-6000:] if logs else ""
 
 
 @dataclass
@@ -111,9 +119,15 @@ class KubeRayRunner:
     def _launch(self, rayjob: dict[str, Any]) -> None:
         name = rayjob["metadata"]["name"]
         status = self.sim.initializing(self.namespace, name)["status"]
-        attempt = self._start_head(name, status["rayClusterName"], rayjob)
-        self.attempts[name] = attempt
-        attempt.submission_id = self._submit(attempt, rayjob)
+        try:
+            attempt = self._start_head(name, status["rayClusterName"], rayjob)
+            self.attempts[name] = attempt
+            attempt.submission_id = self._submit(attempt, rayjob)
+        except Exception as exc:
+            self._finish(name)
+            self.errors.append(repr(exc))
+            self.sim.fail(self.namespace, name, reason="SubmissionFailed", message=str(exc)[-1000:])
+            return
         self.sim.running(self.namespace, name)
 
     def _follow(self, rayjob: dict[str, Any]) -> None:
@@ -143,17 +157,19 @@ class KubeRayRunner:
         workdir.mkdir(parents=True, exist_ok=True)
         port, dashboard_port = free_port(), free_port()
         log = workdir / f"{cluster}.ray.log"
+        # Ray's socket paths must fit in 107 bytes: a short folder of its own, not one under pytest's tmp_path.
+        ray_dir = Path(tempfile.mkdtemp(prefix="krl-"))
         env = {**os.environ, **RAY_ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
         command = [
             str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
             f"--port={port}", f"--dashboard-port={dashboard_port}", "--dashboard-host=127.0.0.1",
             "--node-ip-address=127.0.0.1", f"--num-cpus={self.num_cpus}", "--num-gpus=0",
-            f"--temp-dir={workdir / 'ray'}", "--include-dashboard=true",
+            f"--temp-dir={ray_dir}", "--include-dashboard=true",
         ]
         with open(log, "wb") as out:
             head = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir,
                                     start_new_session=True)
-        attempt = Attempt(cluster, head, f"http://127.0.0.1:{dashboard_port}", log)
+        attempt = Attempt(cluster, head, f"http://127.0.0.1:{dashboard_port}", log, ray_dir)
         self._wait_for_dashboard(attempt)
         return attempt
 
