@@ -70,34 +70,29 @@ app.kubernetes.io/component: operator
 {{- end }}
 
 {{/* RBAC rules of the operator for namespaced resources (shared by the ClusterRole and the per-namespace Roles). */}}
-{{- define "kuberl.operatorNamespacedRules" -}}
+{{- define "kuberl.operatorRules" -}}
+# watch RLJobs; patch = kopf's bookkeeping annotations
 - apiGroups: ["kuberl.io"]
   resources: ["rljobs"]
   verbs: ["get", "list", "watch", "patch"]
+# phase, conditions, restarts, ...
 - apiGroups: ["kuberl.io"]
   resources: ["rljobs/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["get", "patch"]
 # children carry ownerReferences with blockOwnerDeletion: true, which OwnerReferencesPermissionEnforcement checks
 - apiGroups: ["kuberl.io"]
   resources: ["rljobs/finalizers"]
   verbs: ["update"]
+# create the RayJob, watch the labelled ones, toggle suspend / update the template
 - apiGroups: ["ray.io"]
   resources: ["rayjobs"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+# the spec ConfigMap <name>-spec
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "create", "patch"]
+# Events on RLJobs
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
-{{- end }}
-
-{{/* Cluster-scoped reads kopf needs in every mode: it scans CRDs to resolve the resources it serves. */}}
-{{- define "kuberl.operatorClusterRules" -}}
-- apiGroups: ["apiextensions.k8s.io"]
-  resources: ["customresourcedefinitions"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["create"]
 {{- end }}

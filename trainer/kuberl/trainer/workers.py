@@ -150,9 +150,6 @@ class ActorWorker(DistributedWorker):
                                     reshard_after_forward=True, param_offload=spec.actor.fsdp.param_offload,
                                     trainable=False, **common)
         params = num_params(model)
-        if spec.actor.fsdp.optimizer_offload and not spec.actor.fsdp.param_offload and self.device.type == "cuda":
-            log.warning("actor.fsdp.optimizerOffload without paramOffload is not implemented: AdamW state stays on "
-                        "the GPU (set paramOffload to offload parameters, gradients and optimizer state)")
         self.model = fsdp.prepare(model, gradient_checkpointing=spec.model.gradient_checkpointing,
                                   reshard_after_forward=spec.actor.fsdp.reshard_after_forward,
                                   param_offload=spec.actor.fsdp.param_offload, lora=lora_args, **common)
@@ -250,6 +247,12 @@ class ActorWorker(DistributedWorker):
     # --- update ---
 
     def update(self, mini_batches: list[Rows], totals: list[dict[str, float]]) -> dict[str, float]:
+        fsdp_spec = self.spec.actor.fsdp
+        offload = fsdp_spec.optimizer_offload and not fsdp_spec.param_offload and self.device.type == "cuda"
+        with fsdp.optimizer_state_on(self.optimizer, self.device, offload):
+            return self._update(mini_batches, totals)
+
+    def _update(self, mini_batches: list[Rows], totals: list[dict[str, float]]) -> dict[str, float]:
         """PPO epochs × mini-batches × micro-batches; one optimizer step per mini-batch.
 
         ``totals[j]`` holds mini-batch ``j``'s valid response tokens and rows over all ranks, so each micro-batch
@@ -411,6 +414,12 @@ class CriticWorker(DistributedWorker):
                                  max_tokens=tokens)
 
     def update(self, mini_batches: list[Rows], totals: list[dict[str, float]]) -> dict[str, float]:
+        fsdp_spec = self.spec.critic.fsdp
+        offload = fsdp_spec.optimizer_offload and not fsdp_spec.param_offload and self.device.type == "cuda"
+        with fsdp.optimizer_state_on(self.optimizer, self.device, offload):
+            return self._update(mini_batches, totals)
+
+    def _update(self, mini_batches: list[Rows], totals: list[dict[str, float]]) -> dict[str, float]:
         from kuberl.trainer.losses import value_loss
 
         spec = self.spec
