@@ -1,6 +1,5 @@
 """GRPO and PPO (GAE with a critic) run end to end with 2 FSDP2 ranks on gloo, on an embedded local Ray."""
 
-import os
 from pathlib import Path
 
 import pytest
@@ -33,16 +32,6 @@ def tiny_spec(tmp_path: Path, **overrides) -> dict:
             node = node.setdefault(key, {})
         node[leaf] = value
     return spec
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    import ray
-
-    ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=max(4, os.cpu_count() or 1),
-             include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def run(tmp_path: Path, spec: dict, name: str) -> list[dict]:

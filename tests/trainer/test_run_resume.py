@@ -4,7 +4,6 @@ This needs every piece of state a checkpoint holds: model, optimizer, scheduler,
 KL controller and each rank's RNG (rollout sampling).
 """
 
-import os
 from pathlib import Path
 
 import pytest
@@ -33,16 +32,6 @@ def spec(checkpoint_dir: Path) -> dict:
                     "valBeforeTrain": False, "loggers": ["jsonl"]},
         "cluster": {"device": "cpu", "trainer": {"nodes": 1, "gpusPerNode": 2}},
     }
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    import ray
-
-    ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=max(4, os.cpu_count() or 1),
-             include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def stable(record: dict) -> dict:

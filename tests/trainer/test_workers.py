@@ -1,7 +1,6 @@
 """Worker groups on a local Ray: loss normalisation is invariant to ranks and micro-batching, log-probs agree
 with the rollout's, and weight sync reaches the rollout."""
 
-import os
 from pathlib import Path
 
 import pytest
@@ -28,16 +27,6 @@ def spec_for(dp: int, **batch) -> object:
         "trainer": {"metricsPort": 0},
         "cluster": {"device": "cpu", "trainer": {"nodes": 1, "gpusPerNode": dp}},
     })
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    import ray
-
-    ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=max(4, os.cpu_count() or 1),
-             include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 class Group:
