@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 from kuberl.api.status import ACTIVE_PHASES
@@ -47,11 +48,11 @@ class Rule:
     """The verl rule it mirrors (reference/verl.md §2.2), or "ours"."""
     scope: Literal["spec", "root"] = "spec"
 
-    @property
+    @cached_property
     def cel(self) -> str:
         return expand(self.rule)
 
-    @property
+    @cached_property
     def message_expression(self) -> str:
         return message_to_cel(self.message)
 

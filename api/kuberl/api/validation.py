@@ -40,11 +40,11 @@ def _program(expression: str) -> cel.Program:
     return cel.compile(expression)
 
 
-def _evaluate(expression: str, variables: dict[str, Any]) -> Any:
-    return _program(expression).execute(celfuncs.context(variables))
+def _evaluate(expression: str, context: cel.Context) -> Any:
+    return _program(expression).execute(context)
 
 
-def check_rule(rule: Rule, context: dict[str, Any]) -> Issue | None:
+def check_rule(rule: Rule, context: cel.Context) -> Issue | None:
     """Evaluate one rule; `context` binds `self` (and `oldSelf` for transition rules)."""
     try:
         ok = _evaluate(rule.cel, context)
@@ -145,14 +145,15 @@ def validate_document(doc: Any, old: dict[str, Any] | None = None) -> list[Issue
     wire = {"metadata": {"name": metadata["name"]}, "spec": spec_to_wire(spec)}
     if "status" in doc:
         wire["status"] = doc["status"]
+    # one CEL context per scope: converting the object into CEL values costs more than evaluating a rule
+    contexts = {
+        "spec": celfuncs.context({"self": wire["spec"]}),
+        "root": celfuncs.context({"self": wire, "oldSelf": _old_wire(old) if old is not None else None}),
+    }
     for rule in RULES:
         if rule.transition and old is None:
             continue
-        if rule.scope == "spec":
-            context = {"self": wire["spec"]}
-        else:
-            context = {"self": wire, "oldSelf": _old_wire(old) if old is not None else None}
-        issue = check_rule(rule, context)
+        issue = check_rule(rule, contexts[rule.scope])
         if issue:
             issues.append(issue)
     return issues
