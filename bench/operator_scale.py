@@ -31,24 +31,10 @@ from kubernetes import client, watch  # noqa: E402
 
 from e2e.harness import Cluster  # noqa: E402
 from e2e.operator.crd import require_rljob_crd  # noqa: E402
+from e2e.operator.manifests import rljob  # noqa: E402
 from e2e.operator.process import OperatorProcess  # noqa: E402
 
 NAMESPACE = "bench"
-
-
-def rljob(name: str) -> dict:
-    return {
-        "apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": name},
-        "spec": {
-            "model": {"path": "tiny://llama?hidden=64&layers=2"},
-            "algorithm": {"advantageEstimator": "grpo"},
-            "data": {"trainFiles": ["/data/train.parquet"], "maxPromptLength": 64, "maxResponseLength": 8},
-            "batch": {"trainBatchSize": 8, "rolloutN": 4, "ppoMiniBatchSize": 4, "ppoMicroBatchSizePerGPU": 4},
-            "rollout": {"engine": "hf"},
-            "cluster": {"device": "cpu", "trainer": {"nodes": 1, "gpusPerNode": 2, "cpu": "2", "memory": "4Gi",
-                                                     "sharedMemory": "1Gi"}},
-        },
-    }
 
 
 def rss_mib(pid: int) -> float:

@@ -19,6 +19,7 @@ from e2e.harness import Cluster
 from e2e.operator.crd import apply_json
 from e2e.operator.kuberay_rules import kuberay_checks, rayjob_schema_errors
 from e2e.operator.kuberay_sim import KubeRaySim
+from e2e.operator.manifests import rljob
 from e2e.operator.process import OperatorProcess
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.validation import validate_document
@@ -31,25 +32,6 @@ GROUP, VERSION, PLURAL = "kuberl.io", "v1alpha1", "rljobs"
 @pytest.fixture(autouse=True)
 def _needs_rljob_crd(rljob_crd: dict) -> None:
     """Every test here needs the RLJob CRD (see conftest.rljob_crd)."""
-
-
-def rljob(name: str, **spec_changes: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "model": {"path": "tiny://llama?hidden=64&layers=2"},
-        "algorithm": {"advantageEstimator": "grpo"},
-        "data": {"trainFiles": ["/data/train.parquet"], "maxPromptLength": 64, "maxResponseLength": 8},
-        "batch": {"trainBatchSize": 8, "rolloutN": 4, "ppoMiniBatchSize": 4, "ppoMicroBatchSizePerGPU": 4},
-        "rollout": {"engine": "hf"},
-        "cluster": {"device": "cpu", "trainer": {"nodes": 1, "gpusPerNode": 2, "cpu": "2", "memory": "4Gi",
-                                                 "sharedMemory": "1Gi"}},
-    }
-    for path, value in spec_changes.items():
-        target = spec
-        *parents, leaf = path.split(".")
-        for p in parents:
-            target = target.setdefault(p, {})
-        target[leaf] = value
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RLJob", "metadata": {"name": name}, "spec": spec}
 
 
 def wait_until(what: str, fn: Callable[[], Any], timeout: float = 30, interval: float = 0.1) -> Any:
