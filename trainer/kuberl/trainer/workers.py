@@ -20,13 +20,14 @@ import logging
 import os
 import socket
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from kuberl.api.spec import RLJobSpec
+from kuberl.api.spec import FSDP, RLJobSpec
 from kuberl.trainer import fsdp
 from kuberl.trainer.microbatch import Rows, equalize, micro_batches, model_inputs, num_rows, pad_right, select, trim
 
@@ -46,6 +47,12 @@ class DistributedWorker:
     """A rank of a worker group: process-group setup, threads, seeding."""
 
     role = "worker"
+    optimizer: torch.optim.Optimizer
+
+    def optimizer_offloaded(self, options: FSDP) -> AbstractContextManager[None]:
+        """fsdp.optimizerOffload around an update; with paramOffload the state already lives on the CPU."""
+        offload = options.optimizer_offload and not options.param_offload and self.device.type == "cuda"
+        return fsdp.optimizer_state_on(self.optimizer, self.device, offload)
 
     def __init__(self, spec_json: str, rank: int, world_size: int, threads: int) -> None:
         logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {self.role}[{rank}] %(levelname)s %(message)s")
@@ -247,9 +254,7 @@ class ActorWorker(DistributedWorker):
     # --- update ---
 
     def update(self, mini_batches: list[Rows], totals: list[dict[str, float]]) -> dict[str, float]:
-        fsdp_spec = self.spec.actor.fsdp
-        offload = fsdp_spec.optimizer_offload and not fsdp_spec.param_offload and self.device.type == "cuda"
-        with fsdp.optimizer_state_on(self.optimizer, self.device, offload):
+        with self.optimizer_offloaded(self.spec.actor.fsdp):
             return self._update(mini_batches, totals)
 
     def _update(self, mini_batches: list[Rows], totals: list[dict[str, float]]) -> dict[str, float]:
@@ -414,9 +419,7 @@ class CriticWorker(DistributedWorker):
                                  max_tokens=tokens)
 
     def update(self, mini_batches: list[Rows], totals: list[dict[str, float]]) -> dict[str, float]:
-        fsdp_spec = self.spec.critic.fsdp
-        offload = fsdp_spec.optimizer_offload and not fsdp_spec.param_offload and self.device.type == "cuda"
-        with fsdp.optimizer_state_on(self.optimizer, self.device, offload):
+        with self.optimizer_offloaded(self.spec.critic.fsdp):
             return self._update(mini_batches, totals)
 
     def _update(self, mini_batches: list[Rows], totals: list[dict[str, float]]) -> dict[str, float]:
