@@ -11,14 +11,14 @@ import hashlib
 import json
 from typing import Any
 
-from kuberl.api.spec import API_VERSION, KIND, HeadNode, NodePool, RLJobSpec, Toleration
+from kuberl.api.spec import (API_VERSION, KIND, POOL_LABEL, ROLLOUT_POOL, TRAINER_POOL, HeadNode, NodePool,
+                             RLJobSpec, Toleration)
 from kuberl.api.validation import spec_to_wire
 
 RAYJOB_API_VERSION = "ray.io/v1"
 RAYJOB_KIND = "RayJob"
 
 RLJOB_LABEL = "kuberl.io/rljob"
-POOL_LABEL = "kuberl.io/pool"
 SPEC_HASH_ANNOTATION = "kuberl.io/spec-hash"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
@@ -29,9 +29,6 @@ SHM_VOLUME = "kuberl-dshm"
 SHM_PATH = "/dev/shm"
 RESERVED_VOLUMES = (SPEC_VOLUME, SHM_VOLUME)
 RESERVED_MOUNT_PATHS = (SPEC_DIR, SHM_PATH)
-
-TRAINER_GROUP = "trainer"
-ROLLOUT_GROUP = "rollout"
 
 # Ports KubeRay would add by default (constant.go), declared so that Services and PodMonitors can name them.
 HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001), ("metrics", 8080))
@@ -116,11 +113,11 @@ def render_rayjob(name: str, namespace: str, uid: str, spec: RLJobSpec) -> dict[
     labels = common_labels(name, "rayjob")
     if cluster.queue_name:
         labels[QUEUE_LABEL] = cluster.queue_name
-    workers = [_worker_group(TRAINER_GROUP, cluster.trainer, name, namespace, spec)]
+    workers = [_worker_group(TRAINER_POOL, cluster.trainer, name, namespace, spec)]
     if spec.rollout.placement == "separate":
         if cluster.rollout is None:  # the API's placement rule refuses this; keep the error readable anyway
             raise RenderError("rollout.placement is separate but cluster.rollout is not set")
-        workers.append(_worker_group(ROLLOUT_GROUP, cluster.rollout, name, namespace, spec))
+        workers.append(_worker_group(ROLLOUT_POOL, cluster.rollout, name, namespace, spec))
     rayjob_spec: dict[str, Any] = {
         "entrypoint": entrypoint(name, namespace),
         "shutdownAfterJobFinishes": True,
@@ -283,7 +280,7 @@ def _worker_group(group: str, pool: NodePool, name: str, namespace: str, spec: R
         "maxReplicas": pool.nodes,
         "numOfHosts": 1,
         "rayStartParams": {},
-        # Ray node labels: the trainer places its actors on a pool with label selectors
+        # Ray node labels: the trainer selects its pools by them (kuberl.trainer.rollout.layout)
         "labels": {POOL_LABEL: group},
         "template": {
             "metadata": {"labels": {**common_labels(name, f"ray-{group}"), POOL_LABEL: group}},

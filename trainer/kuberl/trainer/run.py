@@ -68,6 +68,8 @@ class Trainer:
         self.last_checkpoint: str | None = None
         self.ray_started_here = False
         self.groups: list[Any] = []
+        self.rollout: Any = None
+        """The separate engines (VLLMEngineGroup); None when each trainer rank holds a colocated engine."""
 
     # --- setup -------------------------------------------------------------------------------------------------
 
@@ -75,9 +77,6 @@ class Trainer:
         from kuberl.trainer.models import load_tokenizer, model_family_flops_per_token
 
         spec = self.spec
-        if spec.rollout.placement == "separate":
-            raise NotImplementedError("rollout.placement separate (a vLLM pool of its own) is not wired into the "
-                                      "trainer yet; use placement colocated")
         torch.manual_seed(spec.data.seed)
         np.random.seed(spec.data.seed)
         self.tokenizer = load_tokenizer(spec.model.tokenizer_path or spec.model.path)
@@ -137,8 +136,11 @@ class Trainer:
 
         spec = self.spec
         pool = spec.cluster.trainer
+        self.layout = self.rollout_layout()
         bundle = {"CPU": 1.0, "GPU": 1.0} if spec.cluster.device == "cuda" else {"CPU": 1.0}
-        self.pg = placement_group([dict(bundle) for _ in range(self.dp)], strategy="PACK")
+        selector = self.layout.trainer_label_selector if self.layout else None
+        self.pg = placement_group([dict(bundle) for _ in range(self.dp)], strategy="PACK",
+                                  bundle_label_selector=[selector] * self.dp if selector else None)
         try:
             ray.get(self.pg.ready(), timeout=600)
         except ray.exceptions.GetTimeoutError:
@@ -156,6 +158,8 @@ class Trainer:
         self.eos_ids = info["eos_ids"]
         self.write(f"policy {spec.model.path}: {info['params'] / 1e6:.2f}M parameters, "
                    f"{info['trainable_params'] / 1e6:.2f}M trained")
+        if self.layout is not None:
+            self.start_rollout(self.layout)
         self.critic = None
         if self.uses_critic:
             self.critic = WorkerGroup(CriticWorker, role="critic", **common)
@@ -166,6 +170,47 @@ class Trainer:
             self.reward_model = WorkerGroup(RewardModelWorker, role="reward_model", **common)
             self.groups.append(self.reward_model)
         self.model_config = self._model_config()
+
+    def rollout_layout(self) -> Any:
+        """Where a separate rollout's engines go (None when colocated); decided before the trainer is placed,
+        because with labelled pools the trainer's bundles select the trainer pool."""
+        if self.spec.rollout.placement != "separate":
+            return None
+        import ray
+
+        from kuberl.trainer.rollout.layout import plan_rollout_layout, rollout_pool_labelled
+
+        return plan_rollout_layout(self.spec, cluster_gpus=ray.cluster_resources().get("GPU", 0.0),
+                                   rollout_pool_labelled=rollout_pool_labelled(ray.nodes()))
+
+    def start_rollout(self, layout: Any) -> None:
+        """Start the separate engines (with dummy weights), connect the trainer ranks to them and send the
+        policy's weights once."""
+        from kuberl.trainer.rollout.layout import engine_actor_options
+        from kuberl.trainer.rollout.vllm import VLLMEngineGroup
+        from kuberl.trainer.workers import FRACTION
+
+        spec, r = self.spec, self.spec.rollout
+        options = [engine_actor_options(layout, i, trainer_placement_group=self.pg, share=FRACTION["rollout"])
+                   for i in range(layout.engines)]
+        self.rollout = VLLMEngineGroup.spawn(
+            options, spec.model.path, pad_id=self.pad_id, eos_ids=self.eos_ids, seed=spec.data.seed,
+            weight_transfer=layout.transport, tensor_parallel_size=r.tensor_parallel_size,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            max_model_len=spec.data.max_prompt_length + spec.data.max_response_length,
+            max_num_batched_tokens=r.max_num_batched_tokens, max_num_seqs=r.max_num_seqs,
+            enforce_eager=r.enforce_eager, dtype=spec.model.dtype, calculate_log_probs=r.calculate_log_probs,
+            load_format="dummy")
+        self.groups.append(self.rollout)
+        group = None
+        if layout.transport == "nccl":
+            import ray
+
+            group = ray.get(self.actor.workers[0].broadcast_group.remote([layout.gpus_per_engine] * layout.engines))
+        self.actor.all("connect_rollout", self.rollout.engines, layout.transport, group)
+        self.actor.all("sync_weights")
+        self.write(f"rollout: {layout.engines} separate vLLM engine(s) of {layout.gpus_per_engine} GPU(s), "
+                   f"{layout.kind} layout, weights by {layout.transport}")
 
     def _model_config(self) -> Any:
         from kuberl.trainer.models import TINY_SCHEME, parse_tiny, resolve, tiny_config
@@ -337,7 +382,10 @@ class Trainer:
                 "top_k": r.top_k, "max_new_tokens": self.spec.data.max_response_length}
 
     def generate(self, prompts: list[list[int]], n: int, sampling: dict[str, Any]) -> Rows:
-        """Each rank generates a consecutive share; whole prompts when they divide evenly, else single samples."""
+        """Each rank generates a consecutive share; whole prompts when they divide evenly, else single samples.
+        A separate rollout splits the prompts over its engines instead."""
+        if self.rollout is not None:
+            return self.rollout.generate(prompts, n, **sampling).as_rows()
         if len(prompts) % self.dp == 0:
             per = len(prompts) // self.dp
             calls = [(prompts[r * per:(r + 1) * per], n, sampling) for r in range(self.dp)]

@@ -6,10 +6,11 @@ Two paths, one per ``rollout.placement``:
   parameter by parameter (``full_tensor()``, a collective: every rank iterates in the same order), groups the full
   tensors into buckets of ``bucket_mb`` and hands each bucket to its engine (``load_weights``) before the next one
   is gathered, so at most one bucket of full tensors exists beside the shards.
-- ``separate``: the engines live in their own Ray actors on their own GPUs. Trainer rank 0 and every engine worker
-  join one NCCL group (vLLM's stateless group + ``PyNcclCommunicator``; vLLM's ``nccl`` weight-transfer backend
-  receives on the engine side). All trainer ranks iterate the shards (the gathers are collectives); rank 0
-  broadcasts packed buffers of ``bucket_mb``, the engines unpack them into ``load_weights``.
+- ``separate``: the engines live in their own Ray actors. On GPUs of their own, trainer rank 0 and every engine
+  worker join one NCCL group (vLLM's ``nccl`` weight-transfer backend on both ends); rank 0 broadcasts packed
+  buffers of ``bucket_mb`` and the engines unpack them into ``load_weights``. Sharing the trainer's GPUs, the
+  buffers travel by CUDA IPC instead (vLLM's ``ipc`` backend). Either way all trainer ranks iterate the shards
+  (the gathers are collectives).
 
 Names are Hugging Face's (``model.layers.0.self_attn.q_proj.weight``); vLLM's ``load_weights`` maps them onto its
 fused layers. With tied embeddings the output head is the embedding matrix, so ``lm_head.weight`` is never sent.
@@ -108,7 +109,7 @@ def fsdp_param_metadata(model: nn.Module, *, dtype: torch.dtype = torch.bfloat16
     return metas
 
 
-# --- separate placement: NCCL broadcast from trainer rank 0 --------------------------------------------------------
+# --- separate placement: NCCL broadcast or CUDA IPC --------------------------------------------------------------
 
 
 def free_port() -> int:
@@ -156,18 +157,27 @@ class WeightBroadcaster:
     """Trainer side of the ``separate`` path.
 
     ``engines`` are the rollout Ray actors (:class:`kuberl.trainer.rollout.vllm.VLLMEngineActor`). Construct it on
-    every trainer rank with the same ``group``; only rank 0 opens the NCCL communicator and talks to the engines,
-    the other ranks only take part in the FSDP gathers of :meth:`send`.
+    every trainer rank with the same arguments. ``transport`` comes from the rollout layout
+    (:mod:`kuberl.trainer.rollout.layout`): ``nccl`` when engines hold GPUs of their own (rank 0 opens a
+    communicator with them and broadcasts; ``group`` says where it meets), ``ipc`` when engine ``i`` shares trainer
+    rank ``i``'s GPU (every rank shares a CUDA IPC handle to its packed buffer; the handles are merged on rank 0,
+    and each engine maps the buffer that lives on its own GPU). Only rank 0 talks to the engines; the other ranks
+    take part in the FSDP gathers (and, for ``ipc``, the handle exchange) of :meth:`send`.
     """
 
-    def __init__(self, group: BroadcastGroup, engines: Sequence[Any], *, rank: int,
+    def __init__(self, engines: Sequence[Any], *, rank: int, transport: str, group: BroadcastGroup | None = None,
                  bucket_mb: int = DEFAULT_BUCKET_MB) -> None:
-        self.group = group
+        if transport not in ("nccl", "ipc"):
+            raise ValueError(f"weight transport must be nccl or ipc, got {transport!r}")
+        if transport == "nccl" and group is None:
+            raise ValueError("the nccl transport needs the BroadcastGroup where trainer rank 0 meets the engines")
         self.engines = list(engines)
         self.rank = rank
+        self.transport = transport
+        self.group = group
         self.bucket_bytes = bucket_mb * 1024 * 1024
         self.communicator = None
-        if rank != 0:
+        if rank != 0 or transport != "nccl":
             return
         import ray
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
@@ -182,24 +192,16 @@ class WeightBroadcaster:
              "world_size": group.world_size})
         ray.get(pending)
 
-    def send(self, named: Iterable[tuple[str, Tensor]], metadata: Sequence[ParamMeta]) -> None:
-        """Broadcast ``named`` (full tensors on this rank's GPU, in ``metadata``'s order) to every engine.
-
-        Called on every trainer rank with the same iterator (it drives the FSDP gathers); ranks other than 0 drain
-        it and send nothing.
-        """
-        if self.rank != 0:
-            for _ in named:
-                pass
-            return
+    def _on_engines(self, method: str, *args: Any) -> list[Any]:
         import ray
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
-        update_info = {"names": [m.name for m in metadata],
-                       "dtype_names": [str(m.dtype).removeprefix("torch.") for m in metadata],
-                       "shapes": [list(m.shape) for m in metadata],
-                       "packed": True, "packed_buffer_size_bytes": self.bucket_bytes, "packed_num_buffers": 2}
-        pending = [e.receive_weights.remote(update_info) for e in self.engines]
+        return ray.get([getattr(e, method).remote(*args) for e in self.engines])
+
+    def send(self, named: Iterable[tuple[str, Tensor]], metadata: Sequence[ParamMeta]) -> None:
+        """Send ``named`` (full tensors on this rank's GPU, in ``metadata``'s order) to every engine.
+
+        Called on every trainer rank with the same iterator (it drives the FSDP gathers).
+        """
         expected = iter(metadata)
 
         def checked() -> Iterator[tuple[str, Tensor]]:
@@ -207,14 +209,46 @@ class WeightBroadcaster:
                 meta = next(expected, None)
                 if meta is None or meta.name != name or tuple(tensor.shape) != meta.shape:
                     raise RuntimeError(f"weight stream out of step with its metadata at {name!r} "
-                                       f"(expected {meta}); the engines are left waiting for the broadcast")
+                                       f"(expected {meta}); the engines are left waiting for the weights")
                 yield name, tensor.to(meta.dtype).contiguous()
 
-        NCCLWeightTransferEngine.trainer_send_weights(
-            checked(), {"group": self.communicator, "packed": True, "packed_buffer_size_bytes": self.bucket_bytes,
-                        "packed_num_buffers": 2})
+        if self.rank == 0:
+            self._on_engines("start_weight_update")
+        if self.transport == "ipc":
+            self._send_ipc(checked())
+        elif self.rank == 0:
+            self._send_nccl(checked(), metadata)
+        else:
+            for _ in named:
+                pass
+        if self.rank == 0:
+            self._on_engines("finish_weight_update")
+
+    def _send_nccl(self, named: Iterator[tuple[str, Tensor]], metadata: Sequence[ParamMeta]) -> None:
+        import ray
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+
+        packing = {"packed": True, "packed_buffer_size_bytes": self.bucket_bytes, "packed_num_buffers": 2}
+        update_info = {"names": [m.name for m in metadata],
+                       "dtype_names": [str(m.dtype).removeprefix("torch.") for m in metadata],
+                       "shapes": [list(m.shape) for m in metadata], **packing}
+        pending = [e.update_weights.remote(update_info) for e in self.engines]
+        NCCLWeightTransferEngine.trainer_send_weights(named, {"group": self.communicator, **packing})
         torch.cuda.synchronize()
         ray.get(pending)
+
+    def _send_ipc(self, named: Iterator[tuple[str, Tensor]]) -> None:
+        from dataclasses import asdict
+
+        from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine
+
+        # vLLM packs the stream into one reusable buffer of bucket_mb and calls deliver once per filled buffer,
+        # on rank 0 only, after all-gathering every rank's handle (a collective over the trainer's group).
+        def deliver(update_info: Any) -> None:
+            self._on_engines("update_weights", asdict(update_info))
+
+        IPCWeightTransferEngine.trainer_send_weights(
+            named, {"send_mode": deliver, "packed": True, "packed_buffer_size_bytes": self.bucket_bytes})
 
     def send_fsdp(self, model: nn.Module, *, dtype: torch.dtype = torch.bfloat16,
                   lora_scaling: float | None = None) -> None:

@@ -1,7 +1,8 @@
 """Ray actor worker groups: one actor per rank, SPMD inside a group, driven by the single controller.
 
 - :class:`ActorWorker` holds the FSDP2 policy, the frozen reference (a second FSDP2 model, or with LoRA the same
-  model under ``disable_adapter()``) and the colocated rollout engine.
+  model under ``disable_adapter()``) and either the colocated rollout engine or, with ``placement: separate``, the
+  sending end of the weight transfer to the engines (:class:`kuberl.trainer.weight_sync.WeightBroadcaster`).
 - :class:`CriticWorker` holds the value model: the policy's decoder (``AutoModelForCausalLM.<base_model_prefix>``)
   plus a fresh ``nn.Linear(hidden, 1)`` value head (zero-initialised, so the first values are 0). It is a small
   module of ours rather than ``AutoModelForTokenClassification`` because the tiny test models and GGUF-converted
@@ -10,7 +11,8 @@
 
 Placement: one placement group for the trainer pool with one bundle per rank (``{"CPU": 1, "GPU": 1}``, or
 ``{"CPU": 1}`` with ``cluster.device: cpu``); the actor, critic and reward-model actors of rank ``r`` share bundle
-``r`` with fractional shares and take turns, as verl's colocated roles do. Each group has its own
+``r`` with fractional shares and take turns, as verl's colocated roles do (so does a separate rollout engine when
+it shares the trainer's GPUs, but it does not take turns: it keeps its memory share). Each group has its own
 ``torch.distributed`` process group (gloo on CPU, NCCL on CUDA) whose rendezvous address rank 0 picks.
 """
 
@@ -33,8 +35,8 @@ from kuberl.trainer.microbatch import Rows, equalize, micro_batches, model_input
 
 log = logging.getLogger(__name__)
 
-FRACTION = {"actor": 0.5, "critic": 0.3, "reward_model": 0.2}
-"""Share of a rank's bundle each role's actor requests (they run one at a time)."""
+FRACTION = {"actor": 0.4, "critic": 0.25, "reward_model": 0.15, "rollout": 0.2}
+"""Share of a rank's bundle each role's actor requests; Ray only needs them to fit in one bundle together."""
 
 
 def free_port() -> int:
@@ -166,8 +168,10 @@ class ActorWorker(DistributedWorker):
                                              total_steps=total_steps, kind=optim.scheduler,
                                              min_lr_ratio=optim.min_lr_ratio)
         eos_ids = sorted({self.tokenizer.eos_token_id, *_as_list(getattr(self.config, "eos_token_id", None))} - {None})
+        self.broadcaster = None
         self.rollout = self.build_rollout(eos_ids)
-        self.sync_weights()
+        if self.rollout is not None:
+            self.sync_weights()
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)  # DTensor numel is global
         return {"params": params, "trainable_params": trainable, "pad_id": self.tokenizer.pad_token_id,
                 "eos_ids": eos_ids}
@@ -175,18 +179,18 @@ class ActorWorker(DistributedWorker):
     # --- rollout ---
 
     def build_rollout(self, eos_ids: list[int]) -> Any:
-        """The colocated engine of this rank. ``hf`` gets a plain copy of the policy; ``vllm`` starts an engine on
-        this rank's GPU with dummy weights that the first :meth:`sync_weights` replaces. (``placement: separate``
-        needs its own engine group, which this driver does not place yet.)"""
+        """The colocated engine of this rank: ``hf`` gets a plain copy of the policy; ``vllm`` starts an engine on
+        this rank's GPU with dummy weights that the first :meth:`sync_weights` replaces. None with ``placement:
+        separate``: the driver starts the engines and then calls :meth:`connect_rollout`."""
         from kuberl.trainer.models import load_causal_lm
         from kuberl.trainer.rollout import make_rollout
 
         spec, r = self.spec, self.spec.rollout
         common = {"pad_id": self.tokenizer.pad_token_id, "eos_ids": eos_ids,
                   "calculate_log_probs": r.calculate_log_probs}
+        if r.placement == "separate":
+            return None
         if r.engine == "vllm":
-            if r.placement != "colocated":
-                raise NotImplementedError("rollout.placement separate is not wired into the trainer yet")
             return make_rollout("vllm", model_path=spec.model.path, placement="colocated",
                                 tensor_parallel_size=r.tensor_parallel_size,
                                 gpu_memory_utilization=r.gpu_memory_utilization,
@@ -197,13 +201,29 @@ class ActorWorker(DistributedWorker):
         model = load_causal_lm(spec.model.path, fsdp.compute_dtype(spec.model.dtype, self.device.type))
         return make_rollout("hf", model=model, max_batch_size=r.max_num_seqs, device=self.device, **common)
 
-    def sync_weights(self) -> None:
-        """Stream the gathered full weights into the rollout engine (every rank keeps a full copy).
+    def broadcast_group(self, engine_world_sizes: list[int]) -> Any:
+        """Where the NCCL group of a separate rollout meets: on this rank's node (call it on rank 0)."""
+        from kuberl.trainer.weight_sync import new_broadcast_group
 
-        The engine's KV cache stays asleep meanwhile (update_weights wakes only the weights), which keeps
-        the peak memory of a colocated vLLM engine down.
+        return new_broadcast_group(engine_world_sizes)
+
+    def connect_rollout(self, engines: list[Any], transport: str, group: Any) -> None:
+        """Join the weight transfer to the separate engines (on every rank; rank 0 blocks until they joined)."""
+        from kuberl.trainer.weight_sync import WeightBroadcaster
+
+        self.broadcaster = WeightBroadcaster(engines, rank=self.rank, transport=transport, group=group)
+
+    def sync_weights(self) -> None:
+        """Send the gathered full weights to the rollout engine(s).
+
+        Colocated, every rank streams into its own engine, whose KV cache stays asleep meanwhile (update_weights
+        wakes only the weights), which keeps the peak memory down; separate, the ranks feed the broadcaster.
         """
-        self.rollout.update_weights(fsdp.full_named_parameters(self.model, lora_scaling=self.lora_scaling))
+        if self.broadcaster is not None:
+            self.broadcaster.send_fsdp(self.model, dtype=getattr(torch, self.spec.model.dtype),
+                                       lora_scaling=self.lora_scaling)
+        elif self.rollout is not None:
+            self.rollout.update_weights(fsdp.full_named_parameters(self.model, lora_scaling=self.lora_scaling))
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -1,4 +1,5 @@
-"""Rollout backends behind one interface: ``hf`` (transformers generate, CPU and tests); ``vllm`` plugs in later."""
+"""Rollout backends behind one interface: ``hf`` (transformers generate, CPU and tests) and ``vllm`` (GPU; colocated
+with the actor or separate, see :mod:`kuberl.trainer.rollout.layout`)."""
 
 from kuberl.trainer.rollout.base import Rollout, RolloutBatch, make_rollout
 

@@ -1,10 +1,10 @@
 """The rollout interface the driver and workers program against.
 
 A backend turns token-id prompts into ``n`` sampled responses each and keeps its own copy of the policy weights,
-refreshed through :meth:`Rollout.update_weights` after every actor update. The ``hf`` backend runs inside the actor
-process on a plain (unsharded) copy of the model; a ``vllm`` backend colocated on the same GPUs would implement
-``sleep``/``wake`` to release weights and KV cache while training runs and receive weights in buckets, a separate
-one would receive them by NCCL broadcast from trainer rank 0 — neither changes the driver.
+refreshed after every actor update. The ``hf`` backend runs inside the actor process on a plain (unsharded) copy of
+the model; the colocated ``vllm`` backend adds ``sleep``/``wake`` to release weights and KV cache while training
+runs and receives weights in buckets (:meth:`Rollout.update_weights`); separate ``vllm`` engines receive them from
+the trainer ranks over NCCL or CUDA IPC instead, and the driver calls them directly.
 """
 
 from __future__ import annotations

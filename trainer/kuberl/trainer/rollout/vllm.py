@@ -9,9 +9,10 @@ Two placements (``spec.rollout.placement``):
   until :meth:`VLLMRollout.wake` (or the next ``generate``). When ``torch.distributed`` is already initialised by
   the trainer, the engine joins it through vLLM's ``external_launcher`` executor: with tensorParallelSize 1 every
   rank is an independent engine over its own prompts.
-- ``separate``: engines run in their own Ray actors (:class:`VLLMEngineActor`) on the rollout pool's GPUs; the
-  driver fans prompts out over them (:class:`VLLMEngineGroup`) and trainer rank 0 broadcasts new weights over NCCL
-  (:class:`kuberl.trainer.weight_sync.WeightBroadcaster`).
+- ``separate``: engines run in their own Ray actors (:class:`VLLMEngineActor`), on the rollout pool's GPUs or
+  sharing the trainer's (:mod:`kuberl.trainer.rollout.layout`); the driver fans prompts out over them
+  (:class:`VLLMEngineGroup`) and the trainer sends new weights over NCCL or CUDA IPC
+  (:class:`kuberl.trainer.weight_sync.WeightBroadcaster`). They never sleep.
 
 Rollout log-probs (``rollout.calculateLogProbs``) are vLLM's ``processed_logprobs`` of the sampled tokens: the
 log-softmax after temperature (and top-k/top-p, which renormalise over the kept tokens), i.e. the log-probability
@@ -40,10 +41,13 @@ _ENGINE_ENV = {
     "VLLM_USE_FLASHINFER_SAMPLER": "0",  # flashinfer is not in the offline bundle (docs/gpu.md)
     "VLLM_NO_USAGE_STATS": "1",
 }
-_COLOCATED_ENV = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process: apply_model reaches the model directly
+_IN_PROCESS_ENV = {
+    # engine core in this process: apply_model reaches the model directly, and CUDA IPC handles reach the weight
+    # loader without crossing another process boundary
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # apply_model with a callable, should a multiprocess engine be used
 }
+WEIGHT_TRANSFERS = ("nccl", "ipc")
 
 
 def _set_env(values: dict[str, str]) -> None:
@@ -96,16 +100,19 @@ class VLLMRollout(Rollout):
                  max_model_len: int | None = None, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
                  enforce_eager: bool = False, calculate_log_probs: bool = False, dtype: str = "bfloat16",
                  seed: int = 0, load_format: str = "auto", bucket_mb: int = DEFAULT_BUCKET_MB,
-                 sleep_level: int = 2, skip_tokenizer_init: bool = False, **engine_kwargs: Any) -> None:
+                 sleep_level: int = 2, skip_tokenizer_init: bool = False, weight_transfer: str = "nccl",
+                 **engine_kwargs: Any) -> None:
         if placement not in PLACEMENTS:
             raise ValueError(f"rollout.placement {placement!r} is not one of {PLACEMENTS}")
+        if weight_transfer not in WEIGHT_TRANSFERS:
+            raise ValueError(f"weight transfer {weight_transfer!r} is not one of {WEIGHT_TRANSFERS}")
         if sleep_level not in (1, 2):
             raise ValueError(f"sleep level must be 1 (weights to CPU) or 2 (weights dropped), got {sleep_level}")
         if not torch.cuda.is_available():
             raise RuntimeError("rollout.engine vllm needs a CUDA GPU in this process; on CPU use rollout.engine hf")
         _set_env(_ENGINE_ENV)
-        if placement == "colocated":
-            _set_env(_COLOCATED_ENV)
+        if placement == "colocated" or weight_transfer == "ipc":
+            _set_env(_IN_PROCESS_ENV)
         from vllm import LLM
 
         self.placement = placement
@@ -137,7 +144,7 @@ class VLLMRollout(Rollout):
         else:
             from vllm.config import WeightTransferConfig
 
-            kwargs["weight_transfer_config"] = WeightTransferConfig(backend="nccl")
+            kwargs["weight_transfer_config"] = WeightTransferConfig(backend=weight_transfer)
             if tensor_parallel_size > 1:
                 # inside a Ray actor vLLM would pick its Ray executor and ask Ray for GPUs this actor already holds
                 kwargs["distributed_executor_backend"] = "mp"
@@ -220,7 +227,7 @@ class VLLMRollout(Rollout):
         ``fsdp.full_named_parameters``) keeps at most one bucket of full tensors alive.
         """
         if self.placement != "colocated":
-            raise RuntimeError("a separate vLLM engine receives weights by NCCL broadcast "
+            raise RuntimeError("a separate vLLM engine receives weights from the trainer "
                                "(weight_sync.WeightBroadcaster), not update_weights")
         self._wake({"weights"})
         named = rollout_named_tensors(named_tensors, tied=self.tied, dtype=self.dtype, device=self.device)
@@ -231,12 +238,18 @@ class VLLMRollout(Rollout):
         if not self._asleep:
             self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
 
-    def receive_broadcast(self, update_info: dict[str, Any]) -> None:
-        """Engine side of ``WeightBroadcaster.send`` (separate placement)."""
+    # engine side of WeightBroadcaster.send (separate placement): start, one update per buffer or broadcast, finish
+
+    def start_weight_update(self) -> None:
         self.llm.start_weight_update()
+
+    def receive_weights(self, update_info: dict[str, Any]) -> None:
         self.llm.update_weights({"update_info": update_info})
+
+    def finish_weight_update(self) -> None:
         self.llm.finish_weight_update()
-        self.llm.reset_prefix_cache()
+        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        self._weights_stale = False
 
     # --- memory -----------------------------------------------------------------------------------------------
 
@@ -296,7 +309,7 @@ class VLLMRollout(Rollout):
 
 
 class VLLMEngineActor:
-    """A Ray actor holding one engine of the rollout pool (wrap with ``ray.remote(num_gpus=tensorParallelSize)``)."""
+    """A Ray actor holding one engine of a separate rollout (placed by :func:`layout.engine_actor_options`)."""
 
     def __init__(self, model_path: str, **kwargs: Any) -> None:
         kwargs["placement"] = "separate"
@@ -308,17 +321,23 @@ class VLLMEngineActor:
     def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
         self.rollout.llm.init_weight_transfer_engine({"init_info": init_info})
 
-    def receive_weights(self, update_info: dict[str, Any]) -> None:
-        self.rollout.receive_broadcast(update_info)
+    def start_weight_update(self) -> None:
+        self.rollout.start_weight_update()
 
-    def ready(self) -> bool:
-        return True
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        self.rollout.receive_weights(update_info)
+
+    def finish_weight_update(self) -> None:
+        self.rollout.finish_weight_update()
+
+    def gpu_memory_in_use_gib(self) -> float:
+        return gpu_memory_in_use_gib()
 
 
 class VLLMEngineGroup(Rollout):
     """Driver-side view of the separate engines: prompts are split evenly (whole prompts, so a GRPO group stays on
-    one engine) and the batches concatenated in prompt order. Weights arrive from trainer rank 0 over NCCL, so
-    :meth:`update_weights` is refused here."""
+    one engine) and the batches concatenated in prompt order. Weights arrive from the trainer ranks
+    (``WeightBroadcaster``), so :meth:`update_weights` is refused here."""
 
     def __init__(self, engines: Sequence[Any], *, pad_id: int) -> None:
         if not engines:
@@ -327,15 +346,16 @@ class VLLMEngineGroup(Rollout):
         self.pad_id = pad_id
 
     @classmethod
-    def spawn(cls, count: int, model_path: str, *, pad_id: int, tensor_parallel_size: int = 1,
-              actor_options: dict[str, Any] | None = None, **kwargs: Any) -> VLLMEngineGroup:
-        """``count`` engine actors of ``tensor_parallel_size`` GPUs each; waits until every engine is up."""
+    def spawn(cls, actor_options: Sequence[dict[str, Any]], model_path: str, *, pad_id: int, seed: int = 0,
+              **kwargs: Any) -> VLLMEngineGroup:
+        """One engine actor per entry of ``actor_options`` (Ray options: GPUs, placement); engine ``i`` samples
+        with seed ``seed + i``. Waits until every engine is up."""
         import ray
 
-        remote = ray.remote(num_gpus=tensor_parallel_size, **(actor_options or {}))(VLLMEngineActor)
-        engines = [remote.remote(model_path, pad_id=pad_id, tensor_parallel_size=tensor_parallel_size, **kwargs)
-                   for _ in range(count)]
-        ray.get([e.ready.remote() for e in engines])
+        remote = ray.remote(VLLMEngineActor)
+        engines = [remote.options(**options).remote(model_path, pad_id=pad_id, seed=seed + i, **kwargs)
+                   for i, options in enumerate(actor_options)]
+        ray.get([e.gpu_memory_in_use_gib.remote() for e in engines])
         return cls(engines, pad_id=pad_id)
 
     def generate(self, prompts: list[list[int]], n: int, *, temperature: float, top_p: float = 1.0,
@@ -348,11 +368,17 @@ class VLLMEngineGroup(Rollout):
         sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "max_new_tokens": max_new_tokens}
         parts = [e.generate.remote(prompts[i * share:(i + 1) * share], n, sampling)
                  for i, e in enumerate(self.engines) if prompts[i * share:(i + 1) * share]]
-        rows = [r for r in ray.get(parts)]
+        rows = ray.get(parts)
         merged = rows[0] if len(rows) == 1 else concat(rows, self.pad_id)
         return RolloutBatch(merged["prompts"], merged["prompt_mask"], merged["responses"], merged["response_mask"],
                             merged.get("rollout_log_probs"))
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
-        raise RuntimeError("separate vLLM engines receive weights from trainer rank 0 by NCCL broadcast "
+        raise RuntimeError("separate vLLM engines receive weights from the trainer ranks "
                            "(weight_sync.WeightBroadcaster.send_fsdp on every trainer rank)")
+
+    def kill(self) -> None:
+        import ray
+
+        for engine in self.engines:
+            ray.kill(engine)
