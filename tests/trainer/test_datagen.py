@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from kuberl.cli import main as cli_main
 from kuberl.trainer.data import load_rows
 from kuberl.trainer.datagen import (
     GSM8K_INSTRUCTION,
@@ -91,3 +92,28 @@ def test_main_gsm8k_synth_writes_loadable_rows(tmp_path: Path, capsys: pytest.Ca
     main_gsm8k_synth(str(out), 5, 0, "train")
     assert load_rows([str(out)]) == gsm8k_synth(5, seed=0, split="train")
     assert "wrote 5 rows" in capsys.readouterr().out
+
+
+def test_main_gsm8k_synth_passes_the_problem_shape_through(tmp_path: Path) -> None:
+    out = tmp_path / "small.jsonl"
+    main_gsm8k_synth(str(out), 20, 0, "train", max_operand=10, steps=(1, 1))
+    assert load_rows([str(out)]) == gsm8k_synth(20, seed=0, split="train", max_operand=10, steps=(1, 1))
+
+
+def test_the_data_command_shapes_gsm8k_problems_with_max_operand_and_steps(tmp_path: Path) -> None:
+    out = tmp_path / "small.jsonl"
+    assert cli_main(["data", "gsm8k-synth", "--out", str(out), "--n", "20", "--max-operand", "10",
+                     "--steps", "1", "1"]) == 0
+    assert load_rows([str(out)]) == gsm8k_synth(20, seed=0, split="train", max_operand=10, steps=(1, 1))
+
+
+def test_the_data_command_refuses_an_invalid_problem_shape(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["data", "gsm8k-synth", "--out", str(tmp_path / "d.jsonl"), "--steps", "3", "1"]) == 1
+    assert "steps=(3, 1)" in capsys.readouterr().err
+
+
+def test_the_data_command_refuses_gsm8k_options_for_digits(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["data", "digits", "--out", str(tmp_path / "d.jsonl"), "--max-operand", "10"]) == 1
+    assert "digits task takes neither" in capsys.readouterr().err

@@ -41,6 +41,9 @@ def add_commands(sub: argparse._SubParsersAction, make_handler: Callable[[str], 
     data_p.add_argument("--n", type=int, default=1000, help="rows")
     data_p.add_argument("--seed", type=int, default=0)
     data_p.add_argument("--split", default="train")
+    data_p.add_argument("--max-operand", type=int, help="gsm8k-synth: largest starting amount and addend (default 50)")
+    data_p.add_argument("--steps", type=int, nargs=2, metavar=("MIN", "MAX"),
+                        help="gsm8k-synth: arithmetic steps per problem, inclusive range (default 1 3)")
     data_p.set_defaults(func=make_handler("data"))
 
     stats_p = sub.add_parser("stats", help="token-length percentiles of a dataset and suggested length limits")
@@ -138,10 +141,22 @@ def data(args: argparse.Namespace) -> int:
     from kuberl.trainer import datagen
 
     if args.task == "gsm8k-synth":
-        datagen.main_gsm8k_synth(args.out, args.n, args.seed, args.split)
+        shape = {}  # only what was given, so the defaults stay gsm8k_synth's
+        if args.max_operand is not None:
+            shape["max_operand"] = args.max_operand
+        if args.steps is not None:
+            shape["steps"] = tuple(args.steps)
+        try:
+            datagen.main_gsm8k_synth(args.out, args.n, args.seed, args.split, **shape)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    elif args.max_operand is not None or args.steps is not None:
+        print(f"error: --max-operand and --steps shape gsm8k-synth problems; the {args.task} task takes neither",
+              file=sys.stderr)
+        return 1
     else:
-        writer = getattr(datagen, "main_digits", None) or getattr(datagen, "main_digit_copy")
-        writer(args.out, args.n, args.seed, args.split)
+        datagen.main_digit_copy(args.out, args.n, args.seed, args.split)
     return 0
 
 

@@ -12,6 +12,9 @@ GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after
 NAMES = ("Ana", "Ben", "Chloe", "Dev", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jamal", "Kira", "Liam")
 THEN = ("Then", "Later", "After that", "Next")
 ITEMS = ("apples", "marbles", "stickers", "books", "cookies", "pencils", "coins", "cards", "shells", "stamps")
+MAX_OPERAND = 50
+STEPS = (1, 3)
+"""gsm8k_synth's default problem shape: starting amounts and addends up to 50, one to three arithmetic steps."""
 
 
 def write_rows(rows: list[dict[str, Any]], path: str) -> Path:
@@ -63,8 +66,8 @@ def word_problem(rng: random.Random, max_operand: int, num_steps: int) -> tuple[
     return " ".join(question), "\n".join(answer), value
 
 
-def gsm8k_synth(n: int, *, seed: int, split: str, max_operand: int = 50,
-                steps: tuple[int, int] = (1, 3)) -> list[dict[str, Any]]:
+def gsm8k_synth(n: int, *, seed: int, split: str, max_operand: int = MAX_OPERAND,
+                steps: tuple[int, int] = STEPS) -> list[dict[str, Any]]:
     """``n`` GSM8K-like word problems of ``steps`` (inclusive range) arithmetic steps each.
 
     Rows look like verl's GSM8K preprocessing output (``data_source`` ``openai/gsm8k``, the question followed by
@@ -112,13 +115,15 @@ def digit_copy(n: int, *, seed: int, split: str) -> list[dict[str, Any]]:
     return rows
 
 
-def main_gsm8k_synth(out: str, n: int, seed: int, split: str) -> None:
-    """``kuberl datagen gsm8k-synth``: write ``n`` generated GSM8K problems to ``out`` (.parquet or .jsonl)."""
-    path = write_rows(gsm8k_synth(n, seed=seed, split=split), out)
-    print(f"wrote {n} rows (data_source openai/gsm8k, split {split}, seed {seed}) to {path}")
+def main_gsm8k_synth(out: str, n: int, seed: int, split: str, *, max_operand: int = MAX_OPERAND,
+                     steps: tuple[int, int] = STEPS) -> None:
+    """``kuberl data gsm8k-synth``: write ``n`` generated GSM8K problems to ``out`` (.parquet or .jsonl)."""
+    path = write_rows(gsm8k_synth(n, seed=seed, split=split, max_operand=max_operand, steps=steps), out)
+    print(f"wrote {n} rows (data_source openai/gsm8k, split {split}, seed {seed}, max_operand {max_operand}, "
+          f"steps {steps[0]}..{steps[1]}) to {path}")
 
 
 def main_digit_copy(out: str, n: int, seed: int, split: str) -> None:
-    """``kuberl datagen digits``: write ``n`` digit-copy prompts for tiny models to ``out`` (.parquet or .jsonl)."""
+    """``kuberl data digits``: write ``n`` digit-copy prompts for tiny models to ``out`` (.parquet or .jsonl)."""
     path = write_rows(digit_copy(n, seed=seed, split=split), out)
     print(f"wrote {n} rows (data_source kuberl/digits, split {split}, seed {seed}) to {path}")
