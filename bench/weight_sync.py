@@ -28,15 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-QWEN2_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1_000_000.0,
-                 tie_word_embeddings=True, rms_norm_eps=1e-6, bos_token_id=151643, eos_token_id=151645)
-"""Qwen2-0.5B's shape (494M parameters), randomly initialised: no download needed."""
-SMOLLM2_SHAPE = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                     num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rope_theta=100000.0,
-                     tie_word_embeddings=True, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
-"""SmolLM2-135M's shape, randomly initialised (sync time depends on shapes only, not on the values)."""
-RANDOM = {"qwen2-0.5b": ("qwen2", QWEN2_05B), "smollm2-shape": ("llama", SMOLLM2_SHAPE)}
+from bench.shapes import RANDOM, random_causal_lm, random_config
 
 
 def copy_bandwidth(gib: float = 2.0, repeats: int = 20) -> float:
@@ -66,18 +58,15 @@ def model_source(name: str, workdir: Path) -> str:
         from kuberl.trainer.rollout.vllm import model_folder
 
         return model_folder(name)
-    from transformers import AutoConfig
-
-    family, shape = RANDOM[name]
     folder = workdir / f"{name}-random"
-    AutoConfig.for_model(family, **shape).save_pretrained(folder)
+    random_config(name).save_pretrained(folder)
     return str(folder)
 
 
 def measure_one(name: str, bucket_mbs: list[int], repeats: int) -> dict:
     import torch
     import torch.distributed as dist
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from kuberl.trainer import fsdp
     from kuberl.trainer.rollout.vllm import VLLMRollout, gpu_memory_in_use_gib
@@ -89,9 +78,7 @@ def measure_one(name: str, bucket_mbs: list[int], repeats: int) -> dict:
     folder = model_source(name, workdir)
     random_init = name in RANDOM
     if random_init:
-        with torch.device("cuda"):
-            torch.manual_seed(0)
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.float32)
+        model = random_causal_lm(name, "cuda")
     else:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     tied = is_tied(model)

@@ -146,27 +146,15 @@ class ActorWorker(DistributedWorker):
         spec = self.spec
         self.tokenizer = load_tokenizer(spec.model.tokenizer_path or spec.model.path)
         model = load_causal_lm(spec.model.path, torch.float32)
-        self.config = model.config
-        lora = spec.model.lora
-        self.lora_scaling = lora.alpha / lora.rank if lora else None
-        lora_args = {"rank": lora.rank, "alpha": lora.alpha, "target_modules": lora.target_modules} if lora else None
         kl = spec.algorithm.kl
         self.uses_ref = kl.in_reward or kl.loss.enabled
-        common = {"device": self.device, "dtype": spec.model.dtype}
         self.ref = None
-        if self.uses_ref and lora is None:
+        if self.uses_ref and spec.model.lora is None:
             self.ref = fsdp.prepare(load_causal_lm(spec.model.path, torch.float32), gradient_checkpointing=False,
                                     reshard_after_forward=True, param_offload=spec.actor.fsdp.param_offload,
-                                    trainable=False, **common)
+                                    trainable=False, device=self.device, dtype=spec.model.dtype)
         params = num_params(model)
-        self.model = fsdp.prepare(model, gradient_checkpointing=spec.model.gradient_checkpointing,
-                                  reshard_after_forward=spec.actor.fsdp.reshard_after_forward,
-                                  param_offload=spec.actor.fsdp.param_offload, lora=lora_args, **common)
-        optim = spec.actor.optim
-        self.optimizer = fsdp.make_optimizer(self.model, lr=optim.lr, weight_decay=optim.weight_decay)
-        self.scheduler = fsdp.make_scheduler(self.optimizer, warmup_steps=optim.warmup_steps,
-                                             total_steps=total_steps, kind=optim.scheduler,
-                                             min_lr_ratio=optim.min_lr_ratio)
+        self.build_policy(model, total_steps)
         eos_ids = sorted({self.tokenizer.eos_token_id, *_as_list(getattr(self.config, "eos_token_id", None))} - {None})
         self.broadcaster = None
         self.rollout = self.build_rollout(eos_ids)
@@ -175,6 +163,24 @@ class ActorWorker(DistributedWorker):
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)  # DTensor numel is global
         return {"params": params, "trainable_params": trainable, "pad_id": self.tokenizer.pad_token_id,
                 "eos_ids": eos_ids}
+
+    def build_policy(self, model: nn.Module, total_steps: int) -> None:
+        """The trained policy from an fp32 ``model``: FSDP2 (with LoRA adapters when the spec asks), its optimizer
+        and learning-rate schedule."""
+        spec = self.spec
+        self.config = model.config
+        lora = spec.model.lora
+        self.lora_scaling = lora.alpha / lora.rank if lora else None
+        lora_args = {"rank": lora.rank, "alpha": lora.alpha, "target_modules": lora.target_modules} if lora else None
+        self.model = fsdp.prepare(model, device=self.device, dtype=spec.model.dtype,
+                                  gradient_checkpointing=spec.model.gradient_checkpointing,
+                                  reshard_after_forward=spec.actor.fsdp.reshard_after_forward,
+                                  param_offload=spec.actor.fsdp.param_offload, lora=lora_args)
+        optim = spec.actor.optim
+        self.optimizer = fsdp.make_optimizer(self.model, lr=optim.lr, weight_decay=optim.weight_decay)
+        self.scheduler = fsdp.make_scheduler(self.optimizer, warmup_steps=optim.warmup_steps,
+                                             total_steps=total_steps, kind=optim.scheduler,
+                                             min_lr_ratio=optim.min_lr_ratio)
 
     # --- rollout ---
 
