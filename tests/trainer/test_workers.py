@@ -67,8 +67,12 @@ def fixed_rows() -> dict[str, torch.Tensor]:
     return rows
 
 
-def update_once(spec) -> dict[str, torch.Tensor]:
-    """One actor update on fixed_rows (old log-probs from the same model) and the full weights afterwards."""
+def train(spec, steps: int = 1) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """``steps`` actor updates on fixed_rows, split as the driver splits them, against the old log-probs of the
+    initial model (so that the ratio, the clipping and the loss move from step to step); the full weights afterwards
+    and the loss of every step."""
+    from kuberl.trainer.run import reduce_update_metrics
+
     group = Group(spec)
     try:
         dp = len(group.group)
@@ -76,31 +80,45 @@ def update_once(spec) -> dict[str, torch.Tensor]:
         keys = ("prompts", "prompt_mask", "responses", "response_mask")
         per = len(rows["responses"]) // dp
         shards = [{k: rows[k][i * per:(i + 1) * per] for k in keys} for i in range(dp)]
-        old = torch.cat([o["log_probs"] for o in group.group.each("compute_log_probs", [(s,) for s in shards])])
-        rows["old_log_probs"] = old
         totals = [{"tokens": float(rows["response_mask"].sum()), "seqs": 8.0}]
-        mine = shard_mini_batches(rows, mini_batch_rows=8, dp=dp)
-        group.group.each("update", [(m, totals) for m in mine])
+        old = group.group.each("compute_log_probs", [(s,) for s in shards])
+        rows["old_log_probs"] = torch.cat([o["log_probs"] for o in old])
+        losses = []
+        for _ in range(steps):
+            mine = shard_mini_batches(rows, mini_batch_rows=8, dp=dp)
+            results = group.group.each("update", [(m, totals) for m in mine])
+            losses.append(reduce_update_metrics(results, "actor")["actor/pg_loss"])
         weights = group.group.all("full_weights")
         for other in weights[1:]:  # every rank gathers the same full weights
             assert all(torch.equal(other[k], weights[0][k]) for k in weights[0])
-        return weights[0]
+        return weights[0], losses
     finally:
         group.close()
 
 
 @pytest.mark.timeout(300)
 def test_one_update_gives_the_same_weights_for_any_rank_count_and_micro_batching(local_ray):
-    reference = update_once(spec_for(1, ppoMiniBatchSize=4, ppoMicroBatchSizePerGPU=8))
+    reference, _ = train(spec_for(1, ppoMiniBatchSize=4, ppoMicroBatchSizePerGPU=8))
     variants = {
         "1 rank, micro 1": spec_for(1, ppoMicroBatchSizePerGPU=1),
         "2 ranks, micro 2": spec_for(2, ppoMicroBatchSizePerGPU=2),
         "2 ranks, dynamic": spec_for(2, dynamicBatchSize={"enabled": True, "maxTokenLenPerGPU": 24}),
     }
     for label, spec in variants.items():
-        weights = update_once(spec)
+        weights, _ = train(spec)
         for name, tensor in reference.items():
             torch.testing.assert_close(weights[name], tensor, rtol=1e-4, atol=1e-5, msg=f"{label}: {name}")
+
+
+@pytest.mark.timeout(300)
+def test_a_fixed_global_batch_gives_the_same_loss_curve_on_one_and_two_ranks(local_ray):
+    """Issue 9's check on gloo: six optimizer steps (the Adam moments and the schedule carry over) on 1 and 2 ranks."""
+    one_weights, one = train(spec_for(1, ppoMicroBatchSizePerGPU=2), steps=6)
+    two_weights, two = train(spec_for(2, ppoMicroBatchSizePerGPU=2), steps=6)
+    assert len(set(round(loss, 4) for loss in one)) > 1, f"the loss did not move: {one}"
+    torch.testing.assert_close(torch.tensor(two), torch.tensor(one), rtol=1e-4, atol=1e-6)
+    for name, tensor in one_weights.items():
+        torch.testing.assert_close(two_weights[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
 
 
 @pytest.mark.timeout(300)
