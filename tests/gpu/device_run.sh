@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Stages of a GPU-machine session (docs/gpu.md), run from the repository root:
-#   bash tests/gpu/device_run.sh install tests bench-sync      # first long call
-#   bash tests/gpu/device_run.sh env bench-rollout grpo        # next call, machine still warm
-# Stages: install (offline bundle staged in /root/stage + extra wheels in .device/x*/), env (only set up the
-# environment), tests (tests/gpu, one process per module), bench-sync, bench-rollout, grpo (tests/gpu/*.yaml).
+#   bash tests/gpu/device_run.sh install grpo                  # first long call
+#   bash tests/gpu/device_run.sh env tests bench-mfu bench-trl # next call, machine still warm
+# Stages: install (offline bundle staged in /root/stage, extra wheels, docs/gpu.md), env (only set up the
+# environment), tests (tests/gpu, one process per module), bench-sync, bench-rollout, bench-mfu, bench-trl,
+# grpo (GRPO_SPECS, tests/gpu/*.yaml).
 # Logs and JSON go to $OUT (the device tool brings back at most 8 files).
 set -u
 OUT=${OUT:-/tmp/kuberl-gpu-out}
@@ -21,40 +22,19 @@ install() {
   local rc=$?
   tail -5 "$OUT/install.log" | tee -a "$OUT/session.log"
   [ $rc -eq 0 ] || { log "install.sh failed: $rc"; return $rc; }
-  # extra wheels: .device/x1 was staged into /root/extra-parts by an earlier call, .device/x2 travels with this one
+  # extra wheels (docs/gpu.md): whole ones in the carried .device/x1 and .device/x-trl, split ones (NAME.whl.partNN)
+  # copied into /root/extra-parts by earlier calls; all checked against .device/x1/EXTRA_SHA256SUMS
   mkdir -p /root/extra /root/extra-parts
-  cp .device/x*/* /root/extra-parts/ 2>/dev/null
+  cp .device/x1/*.whl .device/x-trl/*.whl /root/extra/ 2>/dev/null
   for part in /root/extra-parts/*.whl.part00; do
     [ -e "$part" ] || continue
     cat "${part%.part00}".part[0-9][0-9] > "/root/extra/$(basename "${part%.part00}")"
   done
-  cp /root/extra-parts/*.whl /root/extra/ 2>/dev/null
-  (cd /root/extra && sha256sum -c /root/extra-parts/EXTRA_SHA256SUMS) 2>&1 | tee -a "$OUT/session.log"
-  ls -la /root/extra | tee -a "$OUT/session.log"
+  (cd /root/extra && sha256sum -c "$ROOT/.device/x1/EXTRA_SHA256SUMS") 2>&1 | tee -a "$OUT/session.log" \
+    | grep -q FAILED && { log "extra wheels: sha256 mismatch"; return 2; }
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" --upgrade /root/extra/*.whl \
     >> "$OUT/install.log" 2>&1 || { log "extra wheels failed"; return 1; }
   log "install: done"
-}
-
-quick_install() {
-  # vLLM alone (no ray, no extra wheels) from chunks c2..c7 staged in /root/stage: enough for the tests and
-  # benchmarks on random or tiny:// models when a machine must be staged again on little device time
-  log "quick install: vllm without ray"
-  (cd /root/stage && for part in *.whl.part00; do
-     w=${part%.part00}; case $w in ray-*) continue ;; esac
-     cat "$w".part[0-9][0-9] > "$w"
-   done
-   ls *.whl | grep -v -e '^ray-' -e '^llguidance-1.6.1' > /tmp/quick-wheels
-   grep -F -f /tmp/quick-wheels SHA256SUMS | sha256sum -c --quiet) >> "$OUT/install.log" 2>&1 \
-    || { log "quick install: sha256 check failed"; return 2; }
-  (cd /root/stage && python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" \
-     $(cat /tmp/quick-wheels)) >> "$OUT/install.log" 2>&1 || { log "quick install: pip failed"; return 1; }
-  {
-    echo "export PYTHONPATH=$SITE\${PYTHONPATH:+:\$PYTHONPATH}"
-    echo "export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1"
-    echo 'if [ "${IN_PROCESS_ENGINE:-0}" = 1 ]; then export VLLM_ENABLE_V1_MULTIPROCESSING=0; fi'
-  } > "$SITE/vllm_env.sh"
-  log "quick install: done"
 }
 
 env_setup() {
@@ -96,36 +76,52 @@ bench_rollout() {
   log "bench rollout_vs_vllm: exit ${PIPESTATUS[0]}"
 }
 
+bench_mfu() {
+  log "bench actor_mfu"
+  timeout 300 python3 bench/actor_mfu.py --out "$OUT/actor_mfu.json" --trainer-mfu "${TRAINER_MFU:-0.04}" 2>&1 \
+    | grep -v -e "^INFO" -e "^WARNING" -e "^{" -e "FutureWarning" -e "warnings.warn" | tail -40 >> "$OUT/bench.log"
+  log "bench actor_mfu: exit ${PIPESTATUS[0]}"
+}
+
 grpo() {
+  # GRPO_SPECS: RLJob files to run one after the other (default tests/gpu/smollm2-grpo-vllm.yaml); their data
+  # comes from `kuberl data gsm8k-synth` with GRPO_DATA_ARGS (e.g. "--max-operand 10 --steps 1 1")
   log "grpo: data"
-  python3 -m kuberl.cli data gsm8k-synth --out /tmp/gsm8k-synth/train.parquet --n 2000 >> "$OUT/grpo.log" 2>&1
-  python3 -m kuberl.cli data gsm8k-synth --out /tmp/gsm8k-synth/test.parquet --n 128 --seed 1 --split test \
+  # shellcheck disable=SC2086
+  python3 -m kuberl.cli data gsm8k-synth --out /tmp/gsm8k-synth/train.parquet --n 2000 ${GRPO_DATA_ARGS:-} \
     >> "$OUT/grpo.log" 2>&1
-  # until workers.py reloads a level-2-sleeping engine before a rollout, patch this machine's copy (docs/gpu.md)
-  if ! grep -q needs_weights trainer/kuberl/trainer/workers.py && [ -f .device/workers-vllm-v2.patch ]; then
-    log "grpo: applying .device/workers-vllm-v2.patch to this machine's copy of workers.py"
-    patch -p1 < .device/workers-vllm-v2.patch >> "$OUT/grpo.log" 2>&1
-  fi
-  log "grpo: run"
-  timeout "${GRPO_TIMEOUT:-330}" python3 -m kuberl.cli run tests/gpu/smollm2-grpo-vllm.yaml \
-    --run-dir /tmp/smollm2-grpo-vllm --no-progress >> "$OUT/grpo.log" 2>&1
-  log "grpo: exit $?"
-  cp /tmp/smollm2-grpo-vllm/metrics.jsonl "$OUT/grpo_metrics.jsonl" 2>/dev/null
-  tail -25 "$OUT/grpo.log" | tee -a "$OUT/session.log"
+  # shellcheck disable=SC2086
+  python3 -m kuberl.cli data gsm8k-synth --out /tmp/gsm8k-synth/test.parquet --n 128 --seed 1 --split test \
+    ${GRPO_DATA_ARGS:-} >> "$OUT/grpo.log" 2>&1
+  for spec in ${GRPO_SPECS:-tests/gpu/smollm2-grpo-vllm.yaml}; do
+    local name
+    name=$(basename "$spec" .yaml)
+    log "grpo: run $spec"
+    timeout "${GRPO_TIMEOUT:-330}" python3 -m kuberl.cli run "$spec" --run-dir "/tmp/$name" --no-progress \
+      >> "$OUT/grpo.log" 2>&1
+    log "grpo: $spec exit $?"
+    cp "/tmp/$name/metrics.jsonl" "$OUT/$name.metrics.jsonl" 2>/dev/null
+    grep -e "^step" -e "rollout:" "$OUT/grpo.log" | tail -4 | tee -a "$OUT/session.log"
+  done
+}
+
+bench_trl() {
+  log "bench grpo_vs_trl"
+  # shellcheck disable=SC2086
+  timeout 590 python3 bench/grpo_vs_trl.py --out "$OUT/grpo_vs_trl.json" ${TRL_ARGS:-} 2>&1 \
+    | grep -v -e "^INFO" -e "^(EngineCore" -e "^WARNING" | tail -40 >> "$OUT/bench.log"
+  log "bench grpo_vs_trl: exit ${PIPESTATUS[0]}"
 }
 
 for stage in "$@"; do
   case $stage in
     install) install || exit 1; env_setup ;;
-    quick-install) quick_install || exit 1
-                   # shellcheck disable=SC1091
-                   IN_PROCESS_ENGINE=1 source "$SITE/vllm_env.sh"
-                   export PYTHONPATH="$ROOT/api:$ROOT/operator:$ROOT/trainer:$ROOT:$PYTHONPATH"
-                   export VLLM_ALLOW_INSECURE_SERIALIZATION=1 ;;
     env) env_setup ;;
     tests) run_tests ;;
     bench-sync) bench_sync ;;
     bench-rollout) bench_rollout ;;
+    bench-mfu) bench_mfu ;;
+    bench-trl) bench_trl ;;
     grpo) grpo ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
