@@ -9,7 +9,8 @@ import yaml
 
 from kuberl.api import parse_spec
 from kuberl.api.spec import POOL_LABEL
-from kuberl.trainer.rollout.layout import engine_actor_options, plan_rollout_layout, rollout_pool_labelled
+from kuberl.trainer.rollout.layout import (RolloutLayoutError, engine_actor_options, plan_rollout_layout,
+                                           rollout_pool_labelled)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "separate-rollout.yaml"
 
@@ -70,6 +71,6 @@ def test_on_one_gpu_the_engine_shares_the_trainer_bundle_and_weights_go_by_cuda_
     (2, 2, 2, 2),  # tensor parallel engines cannot share
 ])
 def test_a_layout_that_does_not_fit_names_the_fields(trainer_gpus, rollout_gpus, tp, cluster_gpus):
-    with pytest.raises(ValueError, match=r"cluster\.rollout: .* rollout\.tensorParallelSize"):
+    with pytest.raises(RolloutLayoutError, match=r"cluster\.rollout: .* rollout\.tensorParallelSize"):
         plan_rollout_layout(spec(trainer_gpus, rollout_gpus, tp), cluster_gpus=cluster_gpus,
                             rollout_pool_labelled=False)
