@@ -9,7 +9,7 @@ import yaml
 
 from kuberl.api import parse_spec
 from kuberl.api.spec import POOL_LABEL
-from kuberl.trainer.rollout.layout import (RolloutLayoutError, engine_actor_options, plan_rollout_layout,
+from kuberl.trainer.rollout.layout import (PlacementError, engine_actor_options, plan_rollout_layout,
                                            rollout_pool_labelled)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "separate-rollout.yaml"
@@ -71,6 +71,18 @@ def test_on_one_gpu_the_engine_shares_the_trainer_bundle_and_weights_go_by_cuda_
     (2, 2, 2, 2),  # tensor parallel engines cannot share
 ])
 def test_a_layout_that_does_not_fit_names_the_fields(trainer_gpus, rollout_gpus, tp, cluster_gpus):
-    with pytest.raises(RolloutLayoutError, match=r"cluster\.rollout: .* rollout\.tensorParallelSize"):
+    with pytest.raises(PlacementError, match=r"cluster\.rollout: .* rollout\.tensorParallelSize"):
         plan_rollout_layout(spec(trainer_gpus, rollout_gpus, tp), cluster_gpus=cluster_gpus,
                             rollout_pool_labelled=False)
+
+
+def test_a_gpu_job_on_a_machine_without_enough_gpus_fails_at_once(local_ray, tmp_path):
+    import ray
+
+    from kuberl.trainer.run import Trainer
+
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    trainer = Trainer("too-big", spec(trainer_gpus=gpus + 1, rollout_gpus=1, tp=1), run_dir=tmp_path)
+    expected = rf"cluster.trainer asks for {gpus + 1} GPU\(s\) and this machine has {gpus}"
+    with pytest.raises(PlacementError, match=expected):
+        trainer.start_workers()

@@ -75,13 +75,13 @@ def run(args: argparse.Namespace) -> int:
     from kuberl.trainer.data import DataError
     from kuberl.trainer.models import ModelNotFoundError
     from kuberl.trainer.rewards import RewardFunctionLoadError
-    from kuberl.trainer.rollout.layout import RolloutLayoutError
+    from kuberl.trainer.rollout.layout import PlacementError
     from kuberl.trainer.run import run_job
 
     try:
         return run_job(name, spec, address=args.address, run_dir=args.run_dir, steps=args.steps,
                        show_progress=not args.no_progress)
-    except (DataError, ModelNotFoundError, RewardFunctionLoadError, RolloutLayoutError) as exc:  # no traceback
+    except (DataError, ModelNotFoundError, RewardFunctionLoadError, PlacementError) as exc:  # no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

@@ -136,6 +136,14 @@ class Trainer:
 
         spec = self.spec
         pool = spec.cluster.trainer
+        if spec.cluster.device == "cuda" and not self.address:
+            from kuberl.trainer.rollout.layout import PlacementError
+
+            # a local Ray has all the GPUs it will ever have: fail now rather than wait for a placement
+            gpus = ray.cluster_resources().get("GPU", 0.0)
+            if gpus < self.dp:
+                raise PlacementError(f"cluster.trainer asks for {self.dp} GPU(s) and this machine has {int(gpus)}; "
+                                     "without GPUs use cluster.device cpu and rollout.engine hf")
         self.layout = self.rollout_layout()
         bundle = {"CPU": 1.0, "GPU": 1.0} if spec.cluster.device == "cuda" else {"CPU": 1.0}
         selector = self.layout.trainer_label_selector if self.layout else None

@@ -24,8 +24,8 @@ from kuberl.api.spec import POOL_LABEL, ROLLOUT_POOL, TRAINER_POOL, RLJobSpec
 Transport = Literal["nccl", "ipc"]
 
 
-class RolloutLayoutError(ValueError):
-    """The separate rollout does not fit the Ray cluster the job runs on."""
+class PlacementError(ValueError):
+    """The job's GPUs do not fit the Ray cluster it runs on."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def plan_rollout_layout(spec: RLJobSpec, *, cluster_gpus: float, rollout_pool_la
         return RolloutLayout("disjoint", engines, tp, "nccl")
     if tp == 1 and engines <= trainer_gpus:
         return RolloutLayout("shared", engines, tp, "ipc")
-    raise RolloutLayoutError(
+    raise PlacementError(
         f"cluster.rollout: {engines} engine(s) of rollout.tensorParallelSize {tp} need {rollout_gpus} GPU(s) beside "
         f"the trainer's {trainer_gpus}, and this Ray cluster has {math.floor(cluster_gpus)}; sharing the trainer's "
         f"GPUs needs tensorParallelSize 1 and at most one engine per trainer GPU")
