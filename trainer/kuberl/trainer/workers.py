@@ -192,10 +192,10 @@ class ActorWorker(DistributedWorker):
         from kuberl.trainer.rollout import make_rollout
 
         spec, r = self.spec, self.spec.rollout
-        common = {"pad_id": self.tokenizer.pad_token_id, "eos_ids": eos_ids,
-                  "calculate_log_probs": r.calculate_log_probs}
         if r.placement == "separate":
             return None
+        common = {"pad_id": self.tokenizer.pad_token_id, "eos_ids": eos_ids,
+                  "calculate_log_probs": r.calculate_log_probs}
         if r.engine == "vllm":
             return make_rollout("vllm", model_path=spec.model.path, placement="colocated",
                                 tensor_parallel_size=r.tensor_parallel_size,
