@@ -234,7 +234,8 @@ def main() -> int:
     import transformers
 
     from kuberl.trainer import fsdp
-    from kuberl.trainer.workers import ActorWorker, free_port
+    from kuberl.trainer.weight_sync import free_port
+    from kuberl.trainer.workers import ActorWorker
 
     first = job_spec(args.models[0], args, micro_batch=args.micro_batch[0], gradient_checkpointing=False)
     worker = ActorWorker(first.model_dump_json(), 0, 1, torch.get_num_threads())  # sets the device, seeds

@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -108,12 +107,6 @@ def wait_for_gpu_memory(limit_mib: int = 2048, timeout_s: float = 60.0) -> float
         if used < limit_mib or time.monotonic() > deadline:
             return used
         time.sleep(1.0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
@@ -230,6 +223,8 @@ def run_kuberl(args: argparse.Namespace, folder: str, data: str, work: Path, gpu
 
 
 def run_trl(args: argparse.Namespace, folder: str, data: str, work: Path, gpu: bool) -> dict[str, Any]:
+    from kuberl.trainer.weight_sync import free_port
+
     use_vllm = args.trl_generation == "vllm"
     config = {"model": folder, "data": data, "output_dir": str(work / "trl-run"), "result": str(work / "trl.json"),
               "gpu": gpu, "use_vllm": use_vllm, "prompts": args.prompts, "group": args.group,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor, nn
@@ -29,6 +29,9 @@ from torch import Tensor, nn
 from kuberl.trainer.fsdp import LORA_PREFIX, full_named_parameters
 
 DEFAULT_BUCKET_MB = 512
+Transport = Literal["nccl", "ipc"]
+"""How a separate rollout receives weights: NCCL broadcast (GPUs of its own) or CUDA IPC (the trainer's GPUs)."""
+TRANSPORTS: tuple[str, ...] = get_args(Transport)
 TIED_HEAD = "lm_head.weight"
 
 Bucket = list[tuple[str, Tensor]]
@@ -165,10 +168,10 @@ class WeightBroadcaster:
     take part in the FSDP gathers (and, for ``ipc``, the handle exchange) of :meth:`send`.
     """
 
-    def __init__(self, engines: Sequence[Any], *, rank: int, transport: str, group: BroadcastGroup | None = None,
-                 bucket_mb: int = DEFAULT_BUCKET_MB) -> None:
-        if transport not in ("nccl", "ipc"):
-            raise ValueError(f"weight transport must be nccl or ipc, got {transport!r}")
+    def __init__(self, engines: Sequence[Any], *, rank: int, transport: Transport,
+                 group: BroadcastGroup | None = None, bucket_mb: int = DEFAULT_BUCKET_MB) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"weight transport must be one of {TRANSPORTS}, got {transport!r}")
         if transport == "nccl" and group is None:
             raise ValueError("the nccl transport needs the BroadcastGroup where trainer rank 0 meets the engines")
         self.engines = list(engines)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -32,17 +31,13 @@ from torch import Tensor, nn
 from kuberl.api.spec import FSDP, RLJobSpec
 from kuberl.trainer import fsdp
 from kuberl.trainer.microbatch import Rows, equalize, micro_batches, model_inputs, num_rows, pad_right, select, trim
+from kuberl.trainer.weight_sync import free_port
 
 log = logging.getLogger(__name__)
 
 FRACTION = {"actor": 0.4, "critic": 0.25, "reward_model": 0.15, "rollout": 0.2}
 """Share of a rank's bundle each role's actor requests; Ray only needs them to fit in one bundle together."""
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
 
 
 class DistributedWorker:

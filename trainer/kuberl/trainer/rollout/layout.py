@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kuberl.api.spec import POOL_LABEL, ROLLOUT_POOL, TRAINER_POOL, RLJobSpec
-
-Transport = Literal["nccl", "ipc"]
+from kuberl.trainer.weight_sync import Transport
 
 
 class PlacementError(ValueError):

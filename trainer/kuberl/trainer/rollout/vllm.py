@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from kuberl.trainer.rollout.base import Rollout, RolloutBatch, left_pad, response_mask_from_eos
-from kuberl.trainer.weight_sync import DEFAULT_BUCKET_MB, Bucket, bucketed, rollout_named_tensors
+from kuberl.trainer.weight_sync import DEFAULT_BUCKET_MB, TRANSPORTS, Bucket, bucketed, rollout_named_tensors
 
 PLACEMENTS = ("colocated", "separate")
 LOGPROBS_MODE = "processed_logprobs"
@@ -47,7 +47,6 @@ _IN_PROCESS_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # apply_model with a callable, should a multiprocess engine be used
 }
-WEIGHT_TRANSFERS = ("nccl", "ipc")
 
 
 def _set_env(values: dict[str, str]) -> None:
@@ -104,8 +103,8 @@ class VLLMRollout(Rollout):
                  **engine_kwargs: Any) -> None:
         if placement not in PLACEMENTS:
             raise ValueError(f"rollout.placement {placement!r} is not one of {PLACEMENTS}")
-        if weight_transfer not in WEIGHT_TRANSFERS:
-            raise ValueError(f"weight transfer {weight_transfer!r} is not one of {WEIGHT_TRANSFERS}")
+        if weight_transfer not in TRANSPORTS:
+            raise ValueError(f"weight transfer {weight_transfer!r} is not one of {TRANSPORTS}")
         if sleep_level not in (1, 2):
             raise ValueError(f"sleep level must be 1 (weights to CPU) or 2 (weights dropped), got {sleep_level}")
         if not torch.cuda.is_available():
