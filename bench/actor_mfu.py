@@ -183,15 +183,15 @@ def print_table(runs: list[dict], args: argparse.Namespace, best: dict | None) -
     for r in runs:
         row = [r["model"], str(r["micro_batch"]), str(r["grad_accum"]), "on" if r["gradient_checkpointing"] else "off"]
         if "error" in r:
-            rows.append(row + [r["error"][:70]])
+            rows.append([*row, r["error"][:70]])
             continue
         row += [f"{r['tokens_per_s']:,.0f}", f"{r['tflops']:.4g}", f"{r['mfu']:.3g}", f"{r['mfu_attn']:.3g}",
                 "-" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.1f}"]
         rows.append(row + ([f"{r['mfu'] / args.trainer_mfu:.3g}×"] if args.trainer_mfu else []))
-    full = [columns] + [row for row in rows if len(row) == len(columns)]
+    full = [columns, *(row for row in rows if len(row) == len(columns))]
     widths = [max(len(row[i]) for row in full) for i in range(len(columns))]
     print()
-    for row in [columns] + rows:
+    for row in [columns, *rows]:
         cells = [cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) if i < 4 or len(row) == len(columns)
                  else cell for i, cell in enumerate(row)]
         print("  ".join(cells))

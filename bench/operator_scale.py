@@ -79,7 +79,7 @@ class Watcher(threading.Thread):
                         self.seen[name] = time.monotonic()
                     if self.stop_flag.is_set():
                         break
-            except Exception as exc:  # noqa: BLE001 (report and watch again)
+            except Exception as exc:
                 print(f"watch error ({type(exc).__name__}: {exc}); watching again", file=sys.stderr)
                 time.sleep(0.2)
 

@@ -69,7 +69,7 @@ def standalone(folder: str, prompts: list[list[int]], args: argparse.Namespace, 
             return sum(len(c.token_ids) for o in outs for c in o.outputs)
 
         queue.put(timed(run, args.repeats))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+    except BaseException as exc:
         queue.put({"error": f"{type(exc).__name__}: {exc}"})
 
 

@@ -20,6 +20,7 @@ the tests that need it can report the apiserver's message.
 from __future__ import annotations
 
 import base64
+import contextlib
 import ctypes
 import http.client
 import json
@@ -147,10 +148,8 @@ def free_port() -> int:
 
 def _die_with_parent() -> None:
     """Runs in the child before exec: SIGKILL it when the test process dies, so that no server outlives a crash."""
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def _b64(path: Path) -> str:
@@ -417,12 +416,11 @@ class Cluster:
 
     def _spawn(self, name: str, argv: list[str]) -> _Proc:
         log = self.workdir / f"{name}.log"
-        handle = open(log, "wb")
-        popen = subprocess.Popen(
-            argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=self.workdir, preexec_fn=_die_with_parent,
-        )
-        handle.close()  # the child holds its own descriptor
+        with open(log, "wb") as handle:  # the child holds its own descriptor
+            popen = subprocess.Popen(
+                argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.workdir, preexec_fn=_die_with_parent,
+            )
         proc = _Proc(name, popen, log)
         self._procs.append(proc)
         return proc

@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import tempfile
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field

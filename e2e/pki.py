@@ -46,7 +46,7 @@ class CertificateAuthority:
     def __init__(self, directory: Path, common_name: str = "kuberl-e2e-ca"):
         self.directory = directory
         self._key = _key()
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         self._name = _name(common_name)
         self._cert = (
             x509.CertificateBuilder()
@@ -87,7 +87,7 @@ class CertificateAuthority:
     ) -> KeyPair:
         """Issue a client certificate (CN = user, O = groups), or a serving one when `server_hosts` is given."""
         key = _key()
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         usage = [ExtendedKeyUsageOID.SERVER_AUTH] if server_hosts else [ExtendedKeyUsageOID.CLIENT_AUTH]
         builder = (
             x509.CertificateBuilder()

@@ -12,11 +12,12 @@ private server on a free loopback port with its data in a temp dir, killed with 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -37,10 +38,8 @@ INSTALL_HINT = "apt-get install -y prometheus"
 
 def _die_with_parent() -> None:
     """Runs in the child before exec: SIGKILL it when the test process dies."""
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 class PrometheusMissing(RuntimeError):
@@ -189,7 +188,8 @@ class Prometheus:
                 return
             time.sleep(0.2)
         down = [f"{t['scrapePool']} {t['scrapeUrl']}: {t['health']} {t.get('lastError', '')}" for t in targets]
-        raise PrometheusError("targets not up after %.0f s:\n%s" % (timeout, "\n".join(down) or "(no targets)"))
+        listing = "\n".join(down) or "(no targets)"
+        raise PrometheusError(f"targets not up after {timeout:.0f} s:\n{listing}")
 
     def wait_for(self, expr: str, timeout: float = 30.0) -> list[dict[str, Any]]:
         """Until `expr` returns at least one series; returns them."""

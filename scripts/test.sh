@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's test command (README, .ci/run): install into .venv, build or reuse the
-# Kubernetes tools, run every test tier that runs on a CPU machine.
+# Kubernetes tools, run the static checks (scripts/lint.sh), then every test tier that runs on a CPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +24,8 @@ fi
 if [ -f e2e/tools.sh ]; then
   bash e2e/tools.sh install
 fi
+
+bash scripts/lint.sh
 
 set +e
 .venv/bin/python -m pytest "$@"

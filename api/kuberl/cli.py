@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 from kuberl.api.documents import Checked, check, load_documents
 
@@ -34,7 +35,7 @@ def _validate(args: argparse.Namespace) -> int:
     return 0 if all(r.valid for r in results) else 1
 
 
-def _as_json(result: Checked) -> dict:
+def _as_json(result: Checked) -> dict[str, Any]:
     return {
         "source": result.source,
         "name": result.name,
@@ -100,7 +101,8 @@ def _trainer_command(name: str) -> Callable[[argparse.Namespace], int]:
         except ImportError as exc:
             print(f"error: `kuberl {name}` needs the trainer: pip install 'kuberl[trainer]' ({exc})", file=sys.stderr)
             return 2
-        return getattr(commands, name.replace("-", "_"))(args)
+        command: Callable[[argparse.Namespace], int] = getattr(commands, name.replace("-", "_"))
+        return command(args)
 
     return run
 
@@ -126,16 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     try:
         from kuberl.trainer.commands import add_commands
-    except ImportError:
-        add_commands = None
-    if add_commands is not None:
-        add_commands(sub, _trainer_command)
+    except ImportError:  # the API-only install: no trainer commands
+        return parser
+    add_commands(sub, _trainer_command)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    func: Callable[[argparse.Namespace], int] = args.func
+    return func(args)
 
 
 if __name__ == "__main__":

@@ -104,7 +104,7 @@ def query(prom: Prometheus, expr: str, at: float | None = None) -> list[dict[str
 class _Static(http.server.BaseHTTPRequestHandler):
     body = b""
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
         self.send_header("Content-Length", str(len(self.body)))

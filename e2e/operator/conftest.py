@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from e2e.harness import Cluster, rljob_crd_file
 from e2e.operator.crd import require_rljob_crd
 from e2e.operator.kuberay_sim import KubeRaySim

@@ -158,7 +158,10 @@ def _cluster_checks(cluster: dict[str, Any]) -> list[str]:
         for env in head[0].get("env") or []:
             if env.get("name") == "RAY_enable_autoscaler_v2" and env.get("value") in ("1", "true"):
                 errors.append("RAY_enable_autoscaler_v2 cannot be set when enableInTreeAutoscaling is false")
-    if head and not cluster.get("gcsFaultToleranceOptions"):
-        if any(e.get("name") == "RAY_REDIS_ADDRESS" for e in head[0].get("env") or []):
-            errors.append("RAY_REDIS_ADDRESS implicitly enables GCS fault tolerance without gcsFaultToleranceOptions")
+    if (
+        head
+        and not cluster.get("gcsFaultToleranceOptions")
+        and any(e.get("name") == "RAY_REDIS_ADDRESS" for e in head[0].get("env") or [])
+    ):
+        errors.append("RAY_REDIS_ADDRESS implicitly enables GCS fault tolerance without gcsFaultToleranceOptions")
     return errors

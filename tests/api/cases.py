@@ -7,8 +7,9 @@ apiserver tests in e2e/, which assert the server refuses each one with the same 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 BASE: dict[str, Any] = {
     "apiVersion": "kuberl.io/v1alpha1",

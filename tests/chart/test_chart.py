@@ -401,9 +401,10 @@ def test_values_schema_is_draft_07_and_closed_everywhere_it_names_properties():
 
     def walk(node: Any, path: str) -> None:
         if isinstance(node, dict):
-            if "properties" in node and node.get("additionalProperties") is not False:
-                if path not in ("properties/operator/properties/env/items",):  # EnvVar: valueFrom etc. pass through
-                    open_objects.append(path)
+            open_object = "properties" in node and node.get("additionalProperties") is not False
+            # EnvVar: valueFrom etc. pass through
+            if open_object and path not in ("properties/operator/properties/env/items",):
+                open_objects.append(path)
             for key, value in node.items():
                 walk(value, f"{path}/{key}" if path else key)
         elif isinstance(node, list):

@@ -99,7 +99,7 @@ def test_generate_returns_n_samples_per_prompt_with_masks_and_log_probs(engine, 
     assert (batch.responses[~batch.response_mask.bool()] == engine.pad_id).all()
     # samples of one prompt differ at temperature 1
     assert len({tuple(r.tolist()) for r in batch.responses[:4]}) > 1
-    ended = [row[m.bool()][-1].item() in eos_ids for row, m in zip(batch.responses, batch.response_mask)]
+    ended = [row[m.bool()][-1].item() in eos_ids for row, m in zip(batch.responses, batch.response_mask, strict=True)]
     record["generate_n4_rows"] = len(batch)
     record["generate_n4_rows_ending_in_eos"] = sum(ended)
 

@@ -45,8 +45,9 @@ def test_tied_output_head_is_dropped_and_tensors_cast() -> None:
 
 
 def test_metadata_matches_the_stream_names_for_a_tied_model() -> None:
-    from kuberl.trainer.models import build_tiny, parse_tiny
     from transformers import AutoModelForCausalLM
+
+    from kuberl.trainer.models import build_tiny, parse_tiny
 
     model = build_tiny(parse_tiny("tiny://llama?hidden=16&layers=1&heads=2&kv_heads=1&tie=1"), AutoModelForCausalLM,
                        torch.float32)

@@ -207,7 +207,7 @@ def test_every_pod_mounts_the_spec_configmap_and_the_user_volumes() -> None:
     {"volumes": [{"name": "v", "emptyDir": {}}], "volumeMounts": [{"name": "v", "mountPath": "/etc/kuberl"}]},
 ])
 def test_user_volumes_cannot_take_the_operators_names_or_paths(cluster: dict) -> None:
-    with pytest.raises(RenderError, match="cluster.volume"):
+    with pytest.raises(RenderError, match=r"cluster\.volume"):
         render_rayjob("j", "ns", UID, spec_of(base_spec(**cluster)))
 
 

@@ -8,7 +8,7 @@ import jsonpatch
 import pytest
 
 from kuberl.api.spec import RLJobSpec
-from kuberl.operator.rayjob import render_rayjob, rayjob_update_ops
+from kuberl.operator.rayjob import rayjob_update_ops, render_rayjob
 
 UID = "u-1"
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from kuberl.api.status import RLJobStatus
-from kuberl.operator.status import camel_reason, get_condition, invalid_status, next_status, status_patch, valid_condition
+from kuberl.operator.status import (
+    camel_reason,
+    get_condition,
+    invalid_status,
+    next_status,
+    status_patch,
+    valid_condition,
+)
 
 T0, T1, T2, T3 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z", "2026-01-01T00:03:00Z"
 

@@ -94,7 +94,7 @@ def make_checkpoint(root: Path) -> tuple[Path, dict]:
 def test_export_writes_a_loadable_hugging_face_folder(tmp_path):
     from kuberl.trainer.models import load_causal_lm
 
-    folder, state = make_checkpoint(tmp_path / "ckpt")
+    _, state = make_checkpoint(tmp_path / "ckpt")
     out = tmp_path / "hf"
     assert main(["export", str(tmp_path / "ckpt"), str(out)]) == 0  # the checkpointDir: its latest checkpoint
     assert (out / "model.safetensors").exists() and (out / "config.json").exists()

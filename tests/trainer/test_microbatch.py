@@ -23,7 +23,7 @@ def make_rows(prompt_lens: list[int], response_lens: list[int], p: int = 8, r: i
     prompt_mask = torch.zeros(n, p, dtype=torch.long)
     responses = torch.zeros(n, r, dtype=torch.long)
     response_mask = torch.zeros(n, r, dtype=torch.long)
-    for i, (pl, rl) in enumerate(zip(prompt_lens, response_lens)):
+    for i, (pl, rl) in enumerate(zip(prompt_lens, response_lens, strict=True)):
         prompts[i, p - pl:] = torch.arange(1, pl + 1)
         prompt_mask[i, p - pl:] = 1
         responses[i, :rl] = torch.arange(10, 10 + rl)
@@ -113,7 +113,7 @@ def test_trim_drops_padding_columns_and_keeps_alignment():
 
 
 def test_model_inputs_positions_start_at_zero_after_left_padding():
-    input_ids, attention_mask, position_ids = model_inputs(trim(make_rows([2, 3], [2, 2])))
+    _, attention_mask, position_ids = model_inputs(trim(make_rows([2, 3], [2, 2])))
     assert attention_mask[0].tolist() == [0, 1, 1, 1, 1]
     assert position_ids[0].tolist() == [0, 0, 1, 2, 3]
     assert position_ids[1].tolist() == [0, 1, 2, 3, 4]

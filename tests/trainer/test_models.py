@@ -101,7 +101,7 @@ def test_missing_path_names_what_was_given_and_what_to_pass(tmp_path: Path) -> N
 
 
 def test_folder_without_config_is_not_a_model(tmp_path: Path) -> None:
-    with pytest.raises(ModelNotFoundError, match="without config.json"):
+    with pytest.raises(ModelNotFoundError, match=r"without config\.json"):
         load_tokenizer(str(tmp_path))
 
 

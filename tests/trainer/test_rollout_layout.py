@@ -9,8 +9,12 @@ import yaml
 
 from kuberl.api import parse_spec
 from kuberl.api.spec import POOL_LABEL
-from kuberl.trainer.rollout.layout import (PlacementError, engine_actor_options, plan_rollout_layout,
-                                           rollout_pool_labelled)
+from kuberl.trainer.rollout.layout import (
+    PlacementError,
+    engine_actor_options,
+    plan_rollout_layout,
+    rollout_pool_labelled,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "separate-rollout.yaml"
 

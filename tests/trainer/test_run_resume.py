@@ -73,7 +73,7 @@ def test_resumed_run_matches_a_straight_run(tmp_path, local_ray):
     a = [stable(r) for r in read_jsonl(tmp_path / "straight" / "metrics.jsonl")]
     b = [stable(r) for r in read_jsonl(tmp_path / "resumed" / "metrics.jsonl")]
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert x.keys() == y.keys()
         for key in x:
             assert y[key] == pytest.approx(x[key], rel=1e-4, abs=1e-6), (x["step"], key)

@@ -58,7 +58,7 @@ def fixed_rows() -> dict[str, torch.Tensor]:
     response_lens = [6, 2, 4, 1, 3, 6, 5, 2]
     rows = {"prompts": torch.zeros(n, p, dtype=torch.long), "prompt_mask": torch.zeros(n, p, dtype=torch.long),
             "responses": torch.zeros(n, r, dtype=torch.long), "response_mask": torch.zeros(n, r, dtype=torch.long)}
-    for i, (pl, rl) in enumerate(zip(prompt_lens, response_lens)):
+    for i, (pl, rl) in enumerate(zip(prompt_lens, response_lens, strict=True)):
         rows["prompts"][i, p - pl:] = torch.randint(4, 100, (pl,), generator=gen)
         rows["prompt_mask"][i, p - pl:] = 1
         rows["responses"][i, :rl] = torch.randint(4, 100, (rl,), generator=gen)

@@ -43,10 +43,7 @@ def _type_args(annotation: Any) -> list[Any]:
 
 
 def field_default(field: FieldInfo) -> Any:
-    if field.default_factory is not None:
-        value = field.default_factory()  # type: ignore[call-arg]
-    else:
-        value = field.default
+    value = field.default_factory() if field.default_factory is not None else field.default  # type: ignore[call-arg]
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json", by_alias=True, exclude_none=True)
     if isinstance(value, (list, dict, str, int, float, bool)):
@@ -74,7 +71,7 @@ class _Converter:
             return self.convert(merged, model)
         out: dict[str, Any] = {}
         for key, value in node.items():
-            if key in _DROP or key == "default" and value is None:
+            if key in _DROP or (key == "default" and value is None):
                 continue
             if key == "const":
                 out["enum"] = [value]
@@ -91,7 +88,7 @@ class _Converter:
         extra = node.get("additionalProperties")
         if isinstance(extra, dict):
             out["additionalProperties"] = self.convert(extra)
-        elif extra is True or node.get("type") == "object" and "properties" not in node and extra is None:
+        elif extra is True or (node.get("type") == "object" and "properties" not in node and extra is None):
             out["x-kubernetes-preserve-unknown-fields"] = True
         if "enum" in out and "type" not in out:
             out["type"] = "string"

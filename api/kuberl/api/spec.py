@@ -247,6 +247,9 @@ class Critic(SpecModel):
 # --- trainer loop ------------------------------------------------------------------
 
 
+Logger = Literal["console", "jsonl", "tensorboard", "wandb"]
+
+
 class Trainer(SpecModel):
     total_epochs: int = Field(30, ge=1, le=100_000, description="Passes over the training data.")
     total_steps: int | None = Field(None, ge=1, le=100_000_000, description="Stop after this many steps (overrides epochs).")
@@ -256,8 +259,8 @@ class Trainer(SpecModel):
     max_checkpoints: int | None = Field(None, ge=1, le=10000, description="Keep at most this many checkpoints (oldest removed).")
     checkpoint_dir: PathStr = Field("checkpoints", description="Where checkpoints go; on Kubernetes, a mounted volume.")
     resume: PathStr = Field("auto", description='"auto" (latest in checkpointDir), "disable", or a path to a global_step_N folder.')
-    loggers: list[Literal["console", "jsonl", "tensorboard", "wandb"]] = Field(
-        default_factory=lambda: ["console", "jsonl"], max_length=4, description="Metric sinks besides Prometheus."
+    loggers: list[Logger] = Field(
+        default_factory=lambda: list[Logger](["console", "jsonl"]), max_length=4, description="Metric sinks besides Prometheus."
     )
     metrics_port: int = Field(9400, ge=0, le=65535, description="Prometheus endpoint of the trainer (0 disables).")
 

@@ -380,8 +380,8 @@ def operator_dashboard() -> dict[str, Any]:
                                 "restarts")), "short", min_=0), 12, 8)
     lay.row("RLJobs")
     lay.add(bargauge("Training progress", "kuberl_step / kuberl_total_steps of the selected RLJobs (trainer series).",
-                     targets((f'max by (namespace, rljob) (kuberl_step{{rljob=~"$rljob"}}) / '
-                              f'max by (namespace, rljob) (kuberl_total_steps{{rljob=~"$rljob"}})',
+                     targets(('max by (namespace, rljob) (kuberl_step{rljob=~"$rljob"}) / '
+                              'max by (namespace, rljob) (kuberl_total_steps{rljob=~"$rljob"})',
                               "{{namespace}}/{{rljob}}"), instant=True), "percentunit", max_=1), 24, 6)
     variables = [
         variable("namespace", "Operator namespace", "label_values(kuberl_operator_rljobs, namespace)"),

@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
-    import kuberl.operator.handlers  # noqa: F401, PLC0415 (registers the handlers)
+    import kuberl.operator.handlers  # noqa: F401 (registers the handlers)
 
     if cfg.metrics_port:
         metrics.serve(cfg.metrics_port)

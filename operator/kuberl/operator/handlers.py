@@ -73,19 +73,19 @@ def _resync_loop(api: reconcile.Api, namespaces: list[str] | None, every: float,
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
-def rljob_created(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+def rljob_created(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     with metrics.reconciling("create"):
         reconcile.ensure(memo.api, body, logger)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
-def rljob_resumed(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+def rljob_resumed(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     with metrics.reconciling("resume"):
         reconcile.ensure(memo.api, body, logger)
 
 
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-def rljob_spec_updated(body: kopf.Body, old: Any, new: Any, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+def rljob_spec_updated(body: kopf.Body, old: Any, new: Any, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     with metrics.reconciling("update"):
         reconcile.apply_update(memo.api, body, old, new, logger)
 

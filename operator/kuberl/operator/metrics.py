@@ -92,6 +92,6 @@ def reconciling(handler: str) -> Iterator[None]:
         RECONCILE_DURATION.labels(handler).observe(time.perf_counter() - start)
 
 
-def serve(port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 (a metrics endpoint listens on the pod IP)
+def serve(port: int, addr: str = "0.0.0.0") -> None:
     """`/metrics` on `addr:port` in a daemon thread."""
     start_http_server(port, addr=addr, registry=REGISTRY)

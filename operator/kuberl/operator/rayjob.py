@@ -11,8 +11,17 @@ import hashlib
 import json
 from typing import Any
 
-from kuberl.api.spec import (API_VERSION, KIND, POOL_LABEL, ROLLOUT_POOL, TRAINER_POOL, HeadNode, NodePool,
-                             RLJobSpec, Toleration)
+from kuberl.api.spec import (
+    API_VERSION,
+    KIND,
+    POOL_LABEL,
+    ROLLOUT_POOL,
+    TRAINER_POOL,
+    HeadNode,
+    NodePool,
+    RLJobSpec,
+    Toleration,
+)
 from kuberl.api.validation import spec_to_wire
 
 RAYJOB_API_VERSION = "ray.io/v1"
@@ -197,7 +206,7 @@ def _user_volumes(spec: RLJobSpec) -> list[dict[str, Any]]:
 
 
 def _mounts(spec: RLJobSpec) -> list[dict[str, Any]]:
-    mounts = [
+    mounts: list[dict[str, Any]] = [
         {"name": SPEC_VOLUME, "mountPath": SPEC_DIR, "readOnly": True},
         {"name": SHM_VOLUME, "mountPath": SHM_PATH},
     ]
@@ -233,7 +242,7 @@ def _ports(ports: tuple[tuple[str, int], ...]) -> list[dict[str, Any]]:
 
 def _head_group(name: str, namespace: str, spec: RLJobSpec) -> dict[str, Any]:
     head: HeadNode = spec.cluster.head
-    ports = HEAD_PORTS
+    ports: tuple[tuple[str, int], ...] = HEAD_PORTS
     if spec.trainer.metrics_port:
         ports = (*HEAD_PORTS, ("trainer-metrics", spec.trainer.metrics_port))
     container = {

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import kopf
 from kubernetes import client
@@ -31,9 +31,9 @@ from kuberl.operator.rayjob import (
     SPEC_HASH_ANNOTATION,
     RenderError,
     configmap_name,
+    rayjob_update_ops,
     render_configmap,
     render_rayjob,
-    rayjob_update_ops,
 )
 from kuberl.operator.status import (
     Event,
@@ -51,6 +51,7 @@ STATUS_WRITE_ATTEMPTS = 8
 TRANSIENT_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
 log = logging.getLogger("kuberl.operator")
+_T = TypeVar("_T")
 
 
 class Api:
@@ -63,35 +64,54 @@ class Api:
 
     # RLJobs
     def get_rljob(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return _none_on_404(lambda: self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
+        return _none_on_404(lambda: _obj(self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)))
+
+    def list_rljobs(self, namespace: str | None) -> list[dict[str, Any]]:
+        """The RLJobs of one namespace, or of the whole cluster (None)."""
+        if namespace is None:
+            listing = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        else:
+            listing = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+        items: list[dict[str, Any]] = _obj(listing)["items"]
+        return items
 
     def patch_rljob_status(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, body, _content_type="application/merge-patch+json")
+        return _obj(self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, body, _content_type="application/merge-patch+json"))
 
     # RayJobs
     def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return _none_on_404(lambda: self.custom.get_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name))
+        return _none_on_404(
+            lambda: _obj(self.custom.get_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name)))
 
     def create_rayjob(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self.custom.create_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, body)
+        return _obj(self.custom.create_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, body))
 
     def json_patch_rayjob(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
-        return self.custom.patch_namespaced_custom_object(
-            RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name, ops, _content_type="application/json-patch+json")
+        return _obj(self.custom.patch_namespaced_custom_object(
+            RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name, ops, _content_type="application/json-patch+json"))
 
     # ConfigMaps
     def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return _none_on_404(lambda: self.client.sanitize_for_serialization(self.core.read_namespaced_config_map(name, namespace)))
+        return _none_on_404(lambda: self._plain(self.core.read_namespaced_config_map(name, namespace)))
 
     def create_configmap(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self.client.sanitize_for_serialization(self.core.create_namespaced_config_map(namespace, body))
+        # the client serializes a plain dict body as is; its stubs ask for a V1ConfigMap
+        return self._plain(self.core.create_namespaced_config_map(namespace, cast(client.V1ConfigMap, body)))
 
     def patch_configmap(self, namespace: str, name: str, body: dict[str, Any]) -> None:
         self.core.patch_namespaced_config_map(name, namespace, body)
 
+    def _plain(self, model: object) -> dict[str, Any]:
+        return _obj(self.client.sanitize_for_serialization(model))
 
-def _none_on_404(call: Callable[[], Any]) -> Any:
+
+def _obj(value: object) -> dict[str, Any]:
+    """The custom-objects client returns `object`; what it returns is the decoded JSON object."""
+    return cast(dict[str, Any], value)
+
+
+def _none_on_404(call: Callable[[], _T]) -> _T | None:
     try:
         return call()
     except ApiException as exc:
@@ -115,14 +135,14 @@ def api_error_text(exc: BaseException) -> str:
 def controller_uid(obj: dict[str, Any]) -> str | None:
     for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
         if ref.get("controller"):
-            return ref.get("uid")
+            return str(ref["uid"])
     return None
 
 
 def post_events(rljob: dict[str, Any], events: list[Event]) -> None:
     for event in events:
         try:
-            kopf.event(rljob, type=event.type, reason=event.reason, message=event.message)
+            kopf.event(cast(kopf.Body, rljob), type=event.type, reason=event.reason, message=event.message)
         except LookupError:  # outside a running operator (unit tests, scripts): log only
             log.info("event %s %s: %s", event.type, event.reason, event.message)
 
@@ -285,7 +305,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def ensure(api: Api, body: kopf.Body | dict[str, Any], logger: logging.Logger | logging.LoggerAdapter = log) -> None:
+def ensure(api: Api, body: kopf.Body | dict[str, Any], logger: kopf.Logger = log) -> None:
     """Create-or-adopt the ConfigMap and the RayJob of a valid RLJob and write its status (create/resume)."""
     meta = body["metadata"]
     name, namespace, uid, generation = meta["name"], meta["namespace"], meta["uid"], meta.get("generation")
@@ -334,7 +354,7 @@ def suspend_of(spec: Any) -> bool:
 
 
 def apply_update(api: Api, body: kopf.Body | dict[str, Any], old_spec: Any, new_spec: Any,
-                 logger: logging.Logger | logging.LoggerAdapter = log) -> None:
+                 logger: kopf.Logger = log) -> None:
     """Propagate a spec change: the spec ConfigMap always, runPolicy.suspend always, the rest only while the
     RayJob has no Ray cluster (suspended or not started): a running cluster is never rebuilt under the trainer."""
     meta = body["metadata"]
@@ -403,13 +423,9 @@ def on_rayjob(api: Api, rayjob: dict[str, Any], *, deleted: bool = False) -> Non
 def resync_all(api: Api, namespaces: list[str] | None) -> int:
     """Recompute every RLJob's status from its RayJob (a safety net for missed watch events); returns writes."""
     writes = 0
-    scopes = namespaces or [None]
+    scopes: list[str | None] = list(namespaces) if namespaces else [None]
     for ns in scopes:
-        if ns is None:
-            rljobs = api.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
-        else:
-            rljobs = api.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
-        for rljob in rljobs:
+        for rljob in api.list_rljobs(ns):
             meta = rljob["metadata"]
             if (rljob.get("status") or {}).get("phase") in TERMINAL_PHASES or meta.get("deletionTimestamp"):
                 continue
@@ -423,6 +439,15 @@ def resync_all(api: Api, namespaces: list[str] | None) -> int:
 
 
 __all__ = [
-    "Api", "SPEC_HASH_ANNOTATION", "apply_update", "ensure", "ensure_configmap", "ensure_rayjob", "on_rayjob",
-    "refuse", "resync_all", "sync_status", "write_status",
+    "SPEC_HASH_ANNOTATION",
+    "Api",
+    "apply_update",
+    "ensure",
+    "ensure_configmap",
+    "ensure_rayjob",
+    "on_rayjob",
+    "refuse",
+    "resync_all",
+    "sync_status",
+    "write_status",
 ]

@@ -77,17 +77,15 @@ def camel_reason(text: str, default: str = "Unknown") -> str:
 
 
 def get_condition(status: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
-    for cond in (status or {}).get("conditions") or []:
-        if cond.get("type") == type_:
-            return cond
-    return None
+    conditions: list[dict[str, Any]] = (status or {}).get("conditions") or []
+    return next((cond for cond in conditions if cond.get("type") == type_), None)
 
 
 def set_condition(conditions: list[dict[str, Any]], type_: str, status: bool | str, reason: str, message: str,
                   now: str, observed_generation: int | None = None) -> None:
     """Upsert a condition in place; lastTransitionTime changes only when `status` changes."""
     value = status if isinstance(status, str) else ("True" if status else "False")
-    new = {"type": str(type_), "status": value, "reason": reason, "message": message[:32768], "lastTransitionTime": now}
+    new: dict[str, Any] = {"type": str(type_), "status": value, "reason": reason, "message": message[:32768], "lastTransitionTime": now}
     if observed_generation is not None:
         new["observedGeneration"] = observed_generation
     for i, cond in enumerate(conditions):

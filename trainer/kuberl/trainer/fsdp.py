@@ -18,7 +18,6 @@ FSDP1 is not used: it needs an accelerator and fails on CPU (reference/cpu-ml-no
 from __future__ import annotations
 
 import contextlib
-
 import math
 from collections.abc import Iterator
 

@@ -11,6 +11,7 @@ TensorBoard and W&B (offline mode) when ``trainer.loggers`` asks for them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -205,10 +206,8 @@ class MetricsLogger:
 
     def close(self) -> None:
         for sink in self.sinks:
-            try:
+            with contextlib.suppress(Exception):
                 sink.close()
-            except Exception:
-                pass
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, float]]:

@@ -29,11 +29,11 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
         for key in keys:
             points = [(r["step"], r[key]) for r in records if key in r]
             if points:
-                ax.plot(*zip(*points), label=key, marker="." if len(points) < 50 else None)
+                ax.plot(*zip(*points, strict=True), label=key, marker="." if len(points) < 50 else None)
         if prefix:
             for key in sorted({k for r in records for k in r if k.startswith(prefix)}):
                 points = [(r["step"], r[key]) for r in records if key in r]
-                ax.plot(*zip(*points), label=key, marker="o", linestyle="--")
+                ax.plot(*zip(*points, strict=True), label=key, marker="o", linestyle="--")
         ax.set_title(title)
         ax.set_xlabel("step")
         if ax.lines:

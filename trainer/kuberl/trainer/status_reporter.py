@@ -62,7 +62,7 @@ class StatusReporter:
 
     @staticmethod
     def body(progress: dict[str, Any]) -> dict[str, Any]:
-        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return {"status": {"progress": {**{k: v for k, v in progress.items() if v is not None}, "updatedAt": now}}}
 
     def report(self, progress: dict[str, Any], *, force: bool = False) -> bool:
