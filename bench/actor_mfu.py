@@ -39,15 +39,19 @@ from bench.shapes import RANDOM, random_causal_lm
 TINY = "tiny://llama?hidden=64&layers=2&heads=4&kv_heads=2&seed=0"
 """``--models tiny``: the trainer's tiny test model (CPU smoke checks)."""
 H200_PEAK_TFLOPS = 989.4
-PEAK_SOURCE = ("NVIDIA H200 SXM datasheet: BF16 Tensor Core 1,979 TFLOP/s with 2:4 sparsity, i.e. 989.4 dense "
-               "(the trainer's run.PEAK_FLOPS uses 989e12 for H200)")
-FLOPS_COUNTED = ("run.py's perf/mfu/actor convention: models.model_family_flops_per_token(config) = 6·N per prompt + "
-                 "response token, N = matmul parameters (q/k/v/o and MLP projections of every layer + the output head, "
-                 "a tied embedding counted once), no attention term; mfu_attn adds 12·L·H·S at S = prompt + response. "
-                 "Not counted: gradient-checkpointing recompute (MFU convention), the old-log-prob forward (outside "
-                 "the timed update), the optimizer and clip (O(N) per step). The output head is counted for every "
-                 "token although the actor computes logits for the response only (logits_to_keep), so MFU slightly "
-                 "overstates the work done (see head_share_counted_not_run).")
+PEAK_SOURCE = (
+    "NVIDIA H200 SXM datasheet: BF16 Tensor Core 1,979 TFLOP/s with 2:4 sparsity, i.e. 989.4 dense "
+    "(the trainer's run.PEAK_FLOPS uses 989e12 for H200)"
+)
+FLOPS_COUNTED = (
+    "run.py's perf/mfu/actor convention: models.model_family_flops_per_token(config) = 6·N per prompt + "
+    "response token, N = matmul parameters (q/k/v/o and MLP projections of every layer + the output head, "
+    "a tied embedding counted once), no attention term; mfu_attn adds 12·L·H·S at S = prompt + response. "
+    "Not counted: gradient-checkpointing recompute (MFU convention), the old-log-prob forward (outside "
+    "the timed update), the optimizer and clip (O(N) per step). The output head is counted for every "
+    "token although the actor computes logits for the response only (logits_to_keep), so MFU slightly "
+    "overstates the work done (see head_share_counted_not_run)."
+)
 
 
 def build_model(name: str, device):
@@ -68,15 +72,23 @@ def job_spec(name: str, args: argparse.Namespace, *, micro_batch: int, gradient_
     temperature) stays at the spec defaults the trainer would use."""
     from kuberl.api.spec import RLJobSpec
 
-    return RLJobSpec.model_validate({
-        "model": {"path": name, "dtype": "bfloat16", "gradientCheckpointing": gradient_checkpointing},
-        "algorithm": {"advantageEstimator": "grpo"},
-        "data": {"trainFiles": ["unused.parquet"], "maxPromptLength": args.prompt_len,
-                 "maxResponseLength": args.response_len},
-        "batch": {"trainBatchSize": args.mini_batch, "ppoMiniBatchSize": args.mini_batch,
-                  "ppoMicroBatchSizePerGPU": micro_batch},
-        "cluster": {"device": args.device},
-    })
+    return RLJobSpec.model_validate(
+        {
+            "model": {"path": name, "dtype": "bfloat16", "gradientCheckpointing": gradient_checkpointing},
+            "algorithm": {"advantageEstimator": "grpo"},
+            "data": {
+                "trainFiles": ["unused.parquet"],
+                "maxPromptLength": args.prompt_len,
+                "maxResponseLength": args.response_len,
+            },
+            "batch": {
+                "trainBatchSize": args.mini_batch,
+                "ppoMiniBatchSize": args.mini_batch,
+                "ppoMicroBatchSizePerGPU": micro_batch,
+            },
+            "cluster": {"device": args.device},
+        }
+    )
 
 
 def random_rows(n: int, prompt_len: int, response_len: int, vocab: int):
@@ -84,11 +96,13 @@ def random_rows(n: int, prompt_len: int, response_len: int, vocab: int):
     import torch
 
     g = torch.Generator().manual_seed(0)
-    return {"prompts": torch.randint(0, vocab, (n, prompt_len), generator=g),
-            "prompt_mask": torch.ones(n, prompt_len, dtype=torch.long),
-            "responses": torch.randint(0, vocab, (n, response_len), generator=g),
-            "response_mask": torch.ones(n, response_len, dtype=torch.long),
-            "advantages": torch.randn(n, 1, generator=g).expand(n, response_len).contiguous()}
+    return {
+        "prompts": torch.randint(0, vocab, (n, prompt_len), generator=g),
+        "prompt_mask": torch.ones(n, prompt_len, dtype=torch.long),
+        "responses": torch.randint(0, vocab, (n, response_len), generator=g),
+        "response_mask": torch.ones(n, response_len, dtype=torch.long),
+        "advantages": torch.randn(n, 1, generator=g).expand(n, response_len).contiguous(),
+    }
 
 
 def measure(worker, rows, *, warmup: int, iters: int) -> dict:
@@ -111,8 +125,11 @@ def measure(worker, rows, *, warmup: int, iters: int) -> dict:
             torch.cuda.synchronize()
         if i >= warmup:
             seconds.append(time.perf_counter() - start)
-    return {"iter_s": statistics.median(seconds), "iter_s_all": [round(s, 4) for s in seconds],
-            "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None}
+    return {
+        "iter_s": statistics.median(seconds),
+        "iter_s_all": [round(s, 4) for s in seconds],
+        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+    }
 
 
 def significant(x: float, digits: int = 4) -> float:
@@ -153,10 +170,18 @@ def run_model(name: str, args: argparse.Namespace, worker) -> list[dict]:
         tokens = args.mini_batch * seq
         for micro in args.micro_batch:
             worker.spec = job_spec(name, args, micro_batch=micro, gradient_checkpointing=checkpointing)
-            row = {"model": name, "params": params, "matmul_params": round(per_token / 6), "micro_batch": micro,
-                   "mini_batch": args.mini_batch, "grad_accum": -(-args.mini_batch // micro),
-                   "gradient_checkpointing": checkpointing, "tokens_per_iter": tokens,
-                   "build_s": round(build_s, 1), "head_share_counted_not_run": round(head_share, 4)}
+            row = {
+                "model": name,
+                "params": params,
+                "matmul_params": round(per_token / 6),
+                "micro_batch": micro,
+                "mini_batch": args.mini_batch,
+                "grad_accum": -(-args.mini_batch // micro),
+                "gradient_checkpointing": checkpointing,
+                "tokens_per_iter": tokens,
+                "build_s": round(build_s, 1),
+                "head_share_counted_not_run": round(head_share, 4),
+            }
             try:
                 row.update(measure(worker, rows, warmup=args.warmup, iters=args.iters))
             except torch.OutOfMemoryError as error:  # larger micro-batches would not fit either
@@ -165,11 +190,16 @@ def run_model(name: str, args: argparse.Namespace, worker) -> list[dict]:
                 print(json.dumps(row), flush=True)
                 break
             s = row["iter_s"]
-            row.update({"iter_s": round(s, 4), "tokens_per_s": round(tokens / s, 1),
-                        "tflops": significant(per_token * tokens / s / 1e12),
-                        "mfu": significant(per_token * tokens / s / peak),
-                        "tflops_attn": significant(per_token_attn * tokens / s / 1e12),
-                        "mfu_attn": significant(per_token_attn * tokens / s / peak)})
+            row.update(
+                {
+                    "iter_s": round(s, 4),
+                    "tokens_per_s": round(tokens / s, 1),
+                    "tflops": significant(per_token * tokens / s / 1e12),
+                    "mfu": significant(per_token * tokens / s / peak),
+                    "tflops_attn": significant(per_token_attn * tokens / s / 1e12),
+                    "mfu_attn": significant(per_token_attn * tokens / s / peak),
+                }
+            )
             results.append(row)
             print(json.dumps(row), flush=True)
         free_actor(worker)
@@ -185,45 +215,65 @@ def print_table(runs: list[dict], args: argparse.Namespace, best: dict | None) -
         if "error" in r:
             rows.append([*row, r["error"][:70]])
             continue
-        row += [f"{r['tokens_per_s']:,.0f}", f"{r['tflops']:.4g}", f"{r['mfu']:.3g}", f"{r['mfu_attn']:.3g}",
-                "-" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.1f}"]
+        row += [
+            f"{r['tokens_per_s']:,.0f}",
+            f"{r['tflops']:.4g}",
+            f"{r['mfu']:.3g}",
+            f"{r['mfu_attn']:.3g}",
+            "-" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.1f}",
+        ]
         rows.append(row + ([f"{r['mfu'] / args.trainer_mfu:.3g}×"] if args.trainer_mfu else []))
     full = [columns, *(row for row in rows if len(row) == len(columns))]
     widths = [max(len(row[i]) for row in full) for i in range(len(columns))]
     print()
     for row in [columns, *rows]:
-        cells = [cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) if i < 4 or len(row) == len(columns)
-                 else cell for i, cell in enumerate(row)]
+        cells = [
+            cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) if i < 4 or len(row) == len(columns) else cell
+            for i, cell in enumerate(row)
+        ]
         print("  ".join(cells))
-    print(f"FLOPs: 6·N per prompt+response token, as run.py's perf/mfu/actor (no attention term; "
-          f"gradient-checkpointing recompute not counted).\nMFU+attn adds 12·L·H·S at "
-          f"S = {args.prompt_len + args.response_len}. "
-          f"MFU = achieved ÷ peak {args.peak_tflops} TFLOP/s. Each row: one optimizer step over {args.mini_batch} "
-          f"responses, median of {args.iters}.")
+    print(
+        f"FLOPs: 6·N per prompt+response token, as run.py's perf/mfu/actor (no attention term; "
+        f"gradient-checkpointing recompute not counted).\nMFU+attn adds 12·L·H·S at "
+        f"S = {args.prompt_len + args.response_len}. "
+        f"MFU = achieved ÷ peak {args.peak_tflops} TFLOP/s. Each row: one optimizer step over {args.mini_batch} "
+        f"responses, median of {args.iters}."
+    )
     if best and args.trainer_mfu:
-        print(f"best MFU {best['mfu']:.3g} ({best['model']}, micro-batch {best['micro_batch']}, checkpointing "
-              f"{'on' if best['gradient_checkpointing'] else 'off'}) = {best['mfu'] / args.trainer_mfu:.3g}× the "
-              f"trainer's perf/mfu/actor {args.trainer_mfu}.\nThe trainer's figure divides real (unpadded) tokens by "
-              f"the update_actor wall time, which also covers the padding its forward\ncomputes, the micro-batch "
-              f"size of the run, and Ray dispatch plus the transfer of the rows; here every token is real.")
+        print(
+            f"best MFU {best['mfu']:.3g} ({best['model']}, micro-batch {best['micro_batch']}, checkpointing "
+            f"{'on' if best['gradient_checkpointing'] else 'off'}) = {best['mfu'] / args.trainer_mfu:.3g}× the "
+            f"trainer's perf/mfu/actor {args.trainer_mfu}.\nThe trainer's figure divides real (unpadded) tokens by "
+            f"the update_actor wall time, which also covers the padding its forward\ncomputes, the micro-batch "
+            f"size of the run, and Ray dispatch plus the transfer of the rows; here every token is real."
+        )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["smollm2-shape", "qwen2-0.5b"],
-                        help=f"random shapes {sorted(RANDOM)}, 'tiny' ({TINY}), or any model.path the trainer loads")
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=["smollm2-shape", "qwen2-0.5b"],
+        help=f"random shapes {sorted(RANDOM)}, 'tiny' ({TINY}), or any model.path the trainer loads",
+    )
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--micro-batch", nargs="+", type=int, default=[8, 16, 32, 64], help="responses per micro-batch")
-    parser.add_argument("--mini-batch", type=int, default=None,
-                        help="responses per optimizer step (default: the largest micro-batch)")
+    parser.add_argument(
+        "--mini-batch", type=int, default=None, help="responses per optimizer step (default: the largest micro-batch)"
+    )
     parser.add_argument("--grad-ckpt", nargs="+", choices=["off", "on"], default=["off", "on"])
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--response-len", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--peak-tflops", type=float, default=H200_PEAK_TFLOPS, help="dense bf16 peak of one device")
-    parser.add_argument("--trainer-mfu", type=float, default=None,
-                        help="perf/mfu/actor of a GRPO run (0.017-0.036 per step in bench/results/grpo_smollm2.json)")
+    parser.add_argument(
+        "--trainer-mfu",
+        type=float,
+        default=None,
+        help="perf/mfu/actor of a GRPO run (0.017-0.036 per step in bench/results/grpo_smollm2.json)",
+    )
     parser.add_argument("--out", default="bench/results/actor_mfu.json")
     args = parser.parse_args()
     args.micro_batch = sorted(args.micro_batch)
@@ -244,22 +294,35 @@ def main() -> int:
     algo = first.algorithm
     device = torch.cuda.get_device_name(worker.device) if cuda else "cpu"
     results = {
-        "benchmark": "actor-update MFU (bench/actor_mfu.py)", "device": device, "torch": torch.__version__,
-        "transformers": transformers.__version__, "cuda": torch.version.cuda if cuda else None,
+        "benchmark": "actor-update MFU (bench/actor_mfu.py)",
+        "device": device,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda if cuda else None,
         "peak_tflops": args.peak_tflops,
         "peak_source": PEAK_SOURCE if args.peak_tflops == H200_PEAK_TFLOPS else "--peak-tflops",
-        "workload": {"prompt_len": args.prompt_len, "response_len": args.response_len, "mini_batch": args.mini_batch,
-                     "warmup": args.warmup, "iters": args.iters, "spec_dtype": first.model.dtype,
-                     "compute_dtype": str(fsdp.compute_dtype(first.model.dtype, worker.device.type)),
-                     "algorithm": f"{algo.advantage_estimator}: policy_loss, {algo.loss_agg_mode}, clip "
-                                  f"{algo.clip_ratio_low}/{algo.clip_ratio_high}, dual clip {algo.clip_ratio_c}, "
-                                  f"KL loss {algo.kl.loss.enabled}, entropy coef {algo.entropy_coef}",
-                     "timed": "ActorWorker.update([mini-batch]): micro-batch forwards/backwards, clip, AdamW step"},
-        "flops_counted": FLOPS_COUNTED, "trainer_mfu": args.trainer_mfu, "runs": [],
+        "workload": {
+            "prompt_len": args.prompt_len,
+            "response_len": args.response_len,
+            "mini_batch": args.mini_batch,
+            "warmup": args.warmup,
+            "iters": args.iters,
+            "spec_dtype": first.model.dtype,
+            "compute_dtype": str(fsdp.compute_dtype(first.model.dtype, worker.device.type)),
+            "algorithm": f"{algo.advantage_estimator}: policy_loss, {algo.loss_agg_mode}, clip "
+            f"{algo.clip_ratio_low}/{algo.clip_ratio_high}, dual clip {algo.clip_ratio_c}, "
+            f"KL loss {algo.kl.loss.enabled}, entropy coef {algo.entropy_coef}",
+            "timed": "ActorWorker.update([mini-batch]): micro-batch forwards/backwards, clip, AdamW step",
+        },
+        "flops_counted": FLOPS_COUNTED,
+        "trainer_mfu": args.trainer_mfu,
+        "runs": [],
     }
-    print(f"{device}, torch {torch.__version__}, transformers {transformers.__version__}, peak {args.peak_tflops} "
-          f"TFLOP/s; {args.mini_batch} × ({args.prompt_len} + {args.response_len}) tokens per optimizer step",
-          flush=True)
+    print(
+        f"{device}, torch {torch.__version__}, transformers {transformers.__version__}, peak {args.peak_tflops} "
+        f"TFLOP/s; {args.mini_batch} × ({args.prompt_len} + {args.response_len}) tokens per optimizer step",
+        flush=True,
+    )
     try:
         for name in args.models:
             results["runs"].extend(run_model(name, args, worker))

@@ -46,10 +46,18 @@ sys.path.insert(0, str(ROOT))
 
 PACKAGES = ("torch", "transformers", "vllm", "ray", "trl", "accelerate", "datasets", "kuberl")
 ERROR_TAIL_LINES = 40
-VLLM_DEFAULT_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1",
-                    "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # vLLM's external_launcher requires the last one
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-               "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+VLLM_DEFAULT_ENV = {
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}  # vLLM's external_launcher requires the last one
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONUNBUFFERED": "1",
+}
 
 
 # --- shared ------------------------------------------------------------------------------------------------------
@@ -72,10 +80,13 @@ def summarise(steps: list[dict[str, Any]]) -> dict[str, Any]:
         raise ValueError("need at least 2 steps: step 1 is warm-up and not measured")
     tokens = sum(s["tokens"] for s in measured)
     seconds = sum(s["seconds"] for s in measured)
-    return {"tokens_per_s": round(tokens / seconds, 1),
-            "tokens_per_s_mean_of_steps": round(sum(s["tokens_per_s"] for s in measured) / len(measured), 1),
-            "measured_steps": [s["step"] for s in measured], "measured_tokens": tokens,
-            "measured_seconds": round(seconds, 3)}
+    return {
+        "tokens_per_s": round(tokens / seconds, 1),
+        "tokens_per_s_mean_of_steps": round(sum(s["tokens_per_s"] for s in measured) / len(measured), 1),
+        "measured_steps": [s["step"] for s in measured],
+        "measured_tokens": tokens,
+        "measured_seconds": round(seconds, 3),
+    }
 
 
 def measured(result: dict[str, Any], steps: int) -> dict[str, Any]:
@@ -90,8 +101,9 @@ def measured(result: dict[str, Any], steps: int) -> dict[str, Any]:
 def gpu_name() -> str | None:
     if not shutil.which("nvidia-smi"):
         return None
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], check=False,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], check=False, capture_output=True, text=True
+    )
     return out.stdout.splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else None
 
 
@@ -101,8 +113,12 @@ def wait_for_gpu_memory(limit_mib: int = 2048, timeout_s: float = 60.0) -> float
         return None
     deadline = time.monotonic() + timeout_s
     while True:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             check=False, capture_output=True, text=True)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
         used = float(out.stdout.split()[0]) if out.returncode == 0 and out.stdout.strip() else 0.0
         if used < limit_mib or time.monotonic() > deadline:
             return used
@@ -131,9 +147,13 @@ def run_side(cmd: list[str], log_dir: Path, name: str, env: dict[str, str], time
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
             code = None
-    info: dict[str, Any] = {"command": " ".join(cmd), "exit_code": code,
-                            "wall_s": round(time.perf_counter() - start, 1),
-                            "stdout_log": str(out_path), "stderr_log": str(err_path)}
+    info: dict[str, Any] = {
+        "command": " ".join(cmd),
+        "exit_code": code,
+        "wall_s": round(time.perf_counter() - start, 1),
+        "stdout_log": str(out_path),
+        "stderr_log": str(err_path),
+    }
     if code != 0:
         why = f"timed out after {timeout_s:.0f} s" if code is None else f"exit code {code}"
         info["error"] = f"{name} {why}; tail of stderr:\n{tail(err_path) or tail(out_path)}"
@@ -152,19 +172,23 @@ def write_data(folder: str, path: Path, rows_wanted: int, max_prompt: int, seed:
     rows, lengths = [], []
     pool = 10 * rows_wanted
     for row in gsm8k_synth(pool, seed=seed, split="train"):
-        ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True,
-                                            return_dict=False)
+        ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
         if len(ids) <= max_prompt:
             rows.append(row)
             lengths.append(len(ids))
         if len(rows) == rows_wanted:
             break
     if len(rows) < rows_wanted:
-        raise ValueError(f"only {len(rows)} of {pool} generated prompts fit --max-prompt {max_prompt} "
-                         "tokens; raise --max-prompt")
+        raise ValueError(
+            f"only {len(rows)} of {pool} generated prompts fit --max-prompt {max_prompt} tokens; raise --max-prompt"
+        )
     write_rows(rows, str(path))
-    return {"file": str(path), "rows": len(rows), "prompt_tokens_mean": round(sum(lengths) / len(lengths), 1),
-            "prompt_tokens_max": max(lengths)}
+    return {
+        "file": str(path),
+        "rows": len(rows),
+        "prompt_tokens_mean": round(sum(lengths) / len(lengths), 1),
+        "prompt_tokens_max": max(lengths),
+    }
 
 
 # --- kuberl side -------------------------------------------------------------------------------------------------
@@ -172,25 +196,51 @@ def write_data(folder: str, path: Path, rows_wanted: int, max_prompt: int, seed:
 
 def kuberl_spec(args: argparse.Namespace, folder: str, data: str, run_dir: Path, gpu: bool) -> dict[str, Any]:
     return {
-        "apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "grpo-vs-trl"},
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "grpo-vs-trl"},
         "spec": {
             "model": {"path": folder, "dtype": "bfloat16" if gpu else "float32", "gradientCheckpointing": False},
             "algorithm": {"advantageEstimator": "grpo"},  # KL loss and KL-in-reward are off by default
-            "data": {"trainFiles": [data], "maxPromptLength": args.max_prompt,
-                     "maxResponseLength": args.max_response, "seed": args.seed},
+            "data": {
+                "trainFiles": [data],
+                "maxPromptLength": args.max_prompt,
+                "maxResponseLength": args.max_response,
+                "seed": args.seed,
+            },
             "reward": {"function": "gsm8k"},
-            "batch": {"trainBatchSize": args.prompts, "rolloutN": args.group, "ppoMiniBatchSize": args.prompts,
-                      "ppoMicroBatchSizePerGPU": args.micro_batch},
-            "rollout": ({"engine": "vllm", "placement": "colocated",
-                         "gpuMemoryUtilization": args.gpu_memory_utilization, "calculateLogProbs": True,
-                         "enforceEager": args.kuberl_enforce_eager, "temperature": 1.0} if gpu else
-                        {"engine": "hf", "temperature": 1.0}),
+            "batch": {
+                "trainBatchSize": args.prompts,
+                "rolloutN": args.group,
+                "ppoMiniBatchSize": args.prompts,
+                "ppoMicroBatchSizePerGPU": args.micro_batch,
+            },
+            "rollout": (
+                {
+                    "engine": "vllm",
+                    "placement": "colocated",
+                    "gpuMemoryUtilization": args.gpu_memory_utilization,
+                    "calculateLogProbs": True,
+                    "enforceEager": args.kuberl_enforce_eager,
+                    "temperature": 1.0,
+                }
+                if gpu
+                else {"engine": "hf", "temperature": 1.0}
+            ),
             "actor": {"optim": {"lr": args.lr, "weightDecay": 0.0}},
-            "trainer": {"totalSteps": args.steps, "valBeforeTrain": False, "resume": "disable", "metricsPort": 0,
-                        "checkpointDir": str(run_dir / "checkpoints"), "maxCheckpoints": 1,
-                        "loggers": ["console", "jsonl"]},
-            "cluster": {"device": "cuda" if gpu else "cpu",
-                        "trainer": {"nodes": 1, "gpusPerNode": 1, "cpu": "2", "memory": "8Gi"}},
+            "trainer": {
+                "totalSteps": args.steps,
+                "valBeforeTrain": False,
+                "resume": "disable",
+                "metricsPort": 0,
+                "checkpointDir": str(run_dir / "checkpoints"),
+                "maxCheckpoints": 1,
+                "loggers": ["console", "jsonl"],
+            },
+            "cluster": {
+                "device": "cuda" if gpu else "cpu",
+                "trainer": {"nodes": 1, "gpusPerNode": 1, "cpu": "2", "memory": "8Gi"},
+            },
         },
     }
 
@@ -205,16 +255,28 @@ def run_kuberl(args: argparse.Namespace, folder: str, data: str, work: Path, gpu
     spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
     cmd = [sys.executable, "-m", "kuberl.cli", "run", str(spec_path), "--run-dir", str(run_dir), "--no-progress"]
     env = {**os.environ, **OFFLINE_ENV}
-    result: dict[str, Any] = {"engine": spec["spec"]["rollout"]["engine"], "spec_file": str(spec_path),
-                              "spec": spec["spec"], **run_side(cmd, work, "kuberl", env, args.timeout)}
+    result: dict[str, Any] = {
+        "engine": spec["spec"]["rollout"]["engine"],
+        "spec_file": str(spec_path),
+        "spec": spec["spec"],
+        **run_side(cmd, work, "kuberl", env, args.timeout),
+    }
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     metrics_path = run_dir / "metrics.jsonl"
     lines = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
-    steps = [{"step": m["step"], "tokens": int(m["perf/total_num_tokens"]), "seconds": round(m["timing_s/step"], 3),
-              "tokens_per_s": round(m["perf/total_num_tokens"] / m["timing_s/step"], 1),
-              "gen_s": round(m.get("timing_s/gen", 0.0) + m.get("timing_s/update_weights", 0.0), 3),
-              "response_length_mean": m.get("response_length/mean"), "reward_mean": m.get("critic/score/mean")}
-             for m in lines if "perf/total_num_tokens" in m]
+    steps = [
+        {
+            "step": m["step"],
+            "tokens": int(m["perf/total_num_tokens"]),
+            "seconds": round(m["timing_s/step"], 3),
+            "tokens_per_s": round(m["perf/total_num_tokens"] / m["timing_s/step"], 1),
+            "gen_s": round(m.get("timing_s/gen", 0.0) + m.get("timing_s/update_weights", 0.0), 3),
+            "response_length_mean": m.get("response_length/mean"),
+            "reward_mean": m.get("critic/score/mean"),
+        }
+        for m in lines
+        if "perf/total_num_tokens" in m
+    ]
     result["steps"] = steps
     return measured(result, args.steps)
 
@@ -226,22 +288,45 @@ def run_trl(args: argparse.Namespace, folder: str, data: str, work: Path, gpu: b
     from kuberl.trainer.weight_sync import free_port
 
     use_vllm = args.trl_generation == "vllm"
-    config = {"model": folder, "data": data, "output_dir": str(work / "trl-run"), "result": str(work / "trl.json"),
-              "gpu": gpu, "use_vllm": use_vllm, "prompts": args.prompts, "group": args.group,
-              "micro_batch": args.micro_batch, "max_prompt": args.max_prompt, "max_response": args.max_response,
-              "steps": args.steps, "lr": args.lr, "seed": args.seed,
-              "gpu_memory_utilization": args.gpu_memory_utilization}
+    config = {
+        "model": folder,
+        "data": data,
+        "output_dir": str(work / "trl-run"),
+        "result": str(work / "trl.json"),
+        "gpu": gpu,
+        "use_vllm": use_vllm,
+        "prompts": args.prompts,
+        "group": args.group,
+        "micro_batch": args.micro_batch,
+        "max_prompt": args.max_prompt,
+        "max_response": args.max_response,
+        "steps": args.steps,
+        "lr": args.lr,
+        "seed": args.seed,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+    }
     config_path = work / "trl-config.json"
     config_path.write_text(json.dumps(config, indent=2))
     Path(config["result"]).unlink(missing_ok=True)
     env = {**os.environ, **OFFLINE_ENV}
     if use_vllm:  # TRL's colocate mode builds vLLM with the external_launcher executor: a torchrun-style world of 1
         env.update({k: v for k, v in VLLM_DEFAULT_ENV.items() if k not in os.environ})
-        env.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+        env.update(
+            {
+                "RANK": "0",
+                "LOCAL_RANK": "0",
+                "WORLD_SIZE": "1",
+                "LOCAL_WORLD_SIZE": "1",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port()),
+            }
+        )
     cmd = [sys.executable, str(Path(__file__).resolve()), "--trl-child", str(config_path)]
-    result: dict[str, Any] = {"generation": "vllm colocate" if use_vllm else "transformers generate",
-                              "config_file": str(config_path), **run_side(cmd, work, "trl", env, args.timeout)}
+    result: dict[str, Any] = {
+        "generation": "vllm colocate" if use_vllm else "transformers generate",
+        "config_file": str(config_path),
+        **run_side(cmd, work, "trl", env, args.timeout),
+    }
     shutil.rmtree(config["output_dir"], ignore_errors=True)
     if Path(config["result"]).exists():
         child = json.loads(Path(config["result"]).read_text())
@@ -266,8 +351,10 @@ def trl_child(config_path: str) -> int:
 
     def gsm8k_reward(completions: list, data_source: list, reward_model: list, **_: Any) -> list[float]:
         texts = [m[-1]["content"] if isinstance(m, list) else m for m in completions]
-        return [float(reward_fn(src, text, rm["ground_truth"]))
-                for src, text, rm in zip(data_source, texts, reward_model, strict=True)]
+        return [
+            float(reward_fn(src, text, rm["ground_truth"]))
+            for src, text, rm in zip(data_source, texts, reward_model, strict=True)
+        ]
 
     class StepClock(TrainerCallback):
         """Wall time and tokens of each optimizer step (TRL generates at the first micro-step of each)."""
@@ -285,8 +372,15 @@ def trl_child(config_path: str) -> int:
                 torch.cuda.synchronize()  # the step's kernels count in this step, not the next
             seconds = time.perf_counter() - self.begin
             tokens = int(state.num_input_tokens_seen - self.tokens0)
-            self.steps.append({"step": state.global_step, "tokens": tokens, "seconds": round(seconds, 3),
-                               "tokens_per_s": round(tokens / seconds, 1), "gen_s": round(self.gen_s, 3)})
+            self.steps.append(
+                {
+                    "step": state.global_step,
+                    "tokens": tokens,
+                    "seconds": round(seconds, 3),
+                    "tokens_per_s": round(tokens / seconds, 1),
+                    "gen_s": round(self.gen_s, 3),
+                }
+            )
 
         def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **_: Any) -> None:
             self.logs.append({"step": state.global_step, **(logs or {})})
@@ -294,20 +388,40 @@ def trl_child(config_path: str) -> int:
     rows = pq.read_table(c["data"]).to_pylist()
     total = c["prompts"] * c["group"]
     config = GRPOConfig(
-        output_dir=c["output_dir"], max_steps=c["steps"], per_device_train_batch_size=c["micro_batch"],
-        gradient_accumulation_steps=total // c["micro_batch"], num_generations=c["group"],
-        max_completion_length=c["max_response"], learning_rate=c["lr"], lr_scheduler_type="constant",
-        weight_decay=0.0, beta=0.0, temperature=1.0, top_p=1.0, top_k=0, gradient_checkpointing=False,
-        bf16=c["gpu"], use_cpu=not c["gpu"], seed=c["seed"],
-        logging_steps=1, save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True,
-        use_vllm=c["use_vllm"], vllm_mode="colocate", vllm_gpu_memory_utilization=c["gpu_memory_utilization"],
-        vllm_max_model_length=c["max_prompt"] + c["max_response"])
+        output_dir=c["output_dir"],
+        max_steps=c["steps"],
+        per_device_train_batch_size=c["micro_batch"],
+        gradient_accumulation_steps=total // c["micro_batch"],
+        num_generations=c["group"],
+        max_completion_length=c["max_response"],
+        learning_rate=c["lr"],
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        beta=0.0,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        gradient_checkpointing=False,
+        bf16=c["gpu"],
+        use_cpu=not c["gpu"],
+        seed=c["seed"],
+        logging_steps=1,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        use_vllm=c["use_vllm"],
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=c["gpu_memory_utilization"],
+        vllm_max_model_length=c["max_prompt"] + c["max_response"],
+    )
     clock = StepClock()
     # fp32 weights (bf16 autocast on a GPU) like kuberl's FSDP2 actor; loaded here because TRL's own loader needs
     # config.architectures, which tiny:// folders lack
     model = AutoModelForCausalLM.from_pretrained(c["model"], dtype=torch.float32)
-    trainer = GRPOTrainer(model=model, reward_funcs=gsm8k_reward, args=config,
-                          train_dataset=Dataset.from_list(rows), callbacks=[clock])
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=gsm8k_reward, args=config, train_dataset=Dataset.from_list(rows), callbacks=[clock]
+    )
     generate = trainer._generate_single_turn  # generation (+ weight sync into vLLM) time per step, for the record
 
     def timed_generate(*a: Any, **k: Any) -> Any:
@@ -326,19 +440,28 @@ def trl_child(config_path: str) -> int:
         s["response_length_mean"] = log.get("completions/mean_length")
         s["reward_mean"] = log.get("reward")
         s["trl_step_time"] = log.get("step_time")
-    result = {"version": trl.__version__, "train_wall_s": round(time.perf_counter() - start, 1), "steps": clock.steps,
-              "logs": clock.logs,
-              "config": {"per_device_train_batch_size": config.per_device_train_batch_size,
-                         "gradient_accumulation_steps": config.gradient_accumulation_steps,
-                         "generation_batch_size": config.generation_batch_size,
-                         "num_generations": config.num_generations, "loss_type": config.loss_type,
-                         "beta": config.beta, "bf16": config.bf16, "use_vllm": config.use_vllm,
-                         "vllm_mode": config.vllm_mode if config.use_vllm else None,
-                         "vllm_gpu_memory_utilization": config.vllm_gpu_memory_utilization,
-                         "vllm_importance_sampling_correction": config.vllm_importance_sampling_correction,
-                         "torch_dtype_of_weights": str(next(trainer.model.parameters()).dtype),
-                         "device": str(trainer.accelerator.device),
-                         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}}
+    result = {
+        "version": trl.__version__,
+        "train_wall_s": round(time.perf_counter() - start, 1),
+        "steps": clock.steps,
+        "logs": clock.logs,
+        "config": {
+            "per_device_train_batch_size": config.per_device_train_batch_size,
+            "gradient_accumulation_steps": config.gradient_accumulation_steps,
+            "generation_batch_size": config.generation_batch_size,
+            "num_generations": config.num_generations,
+            "loss_type": config.loss_type,
+            "beta": config.beta,
+            "bf16": config.bf16,
+            "use_vllm": config.use_vllm,
+            "vllm_mode": config.vllm_mode if config.use_vllm else None,
+            "vllm_gpu_memory_utilization": config.vllm_gpu_memory_utilization,
+            "vllm_importance_sampling_correction": config.vllm_importance_sampling_correction,
+            "torch_dtype_of_weights": str(next(trainer.model.parameters()).dtype),
+            "device": str(trainer.accelerator.device),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        },
+    }
     Path(c["result"]).write_text(json.dumps(result, indent=2))
     return 0
 
@@ -359,8 +482,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="vLLM's share, both sides")
     parser.add_argument("--trl-generation", choices=["vllm", "hf"], help="default: vllm on a GPU, hf on CPU")
-    parser.add_argument("--kuberl-enforce-eager", action="store_true", help="kuberl's vLLM without CUDA graphs "
-                        "(TRL's engine always has them)")
+    parser.add_argument(
+        "--kuberl-enforce-eager",
+        action="store_true",
+        help="kuberl's vLLM without CUDA graphs (TRL's engine always has them)",
+    )
     parser.add_argument("--only", choices=["kuberl", "trl"], help="run one side (no ratio)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per side before it is killed")
     parser.add_argument("--work-dir", help="spec, data, logs (default: a new temporary folder)")
@@ -388,18 +514,36 @@ def main() -> int:
     start = time.perf_counter()
     folder = model_folder(args.model)  # converts a GGUF once (cached), materialises tiny://
     data = write_data(folder, work / "train.parquet", args.prompts * (args.steps + 1), args.max_prompt, args.seed)
-    print(f"model {args.model} → {folder} and {data['rows']} prompts ready in {time.perf_counter() - start:.1f} s; "
-          f"logs in {work}", flush=True)
+    print(
+        f"model {args.model} → {folder} and {data['rows']} prompts ready in {time.perf_counter() - start:.1f} s; "
+        f"logs in {work}",
+        flush=True,
+    )
 
     result: dict[str, Any] = {
         "benchmark": "end-to-end GRPO tokens/s, kuberl run ÷ TRL GRPOTrainer",
-        "date": time.strftime("%Y-%m-%d"), "device": gpu_name() if gpu else "cpu", "model": args.model,
-        "model_folder": folder, "versions": versions(), "work_dir": str(work),
-        "settings": {"steps": args.steps, "prompts": args.prompts, "group": args.group,
-                     "responses_per_step": total, "micro_batch": args.micro_batch, "max_prompt": args.max_prompt,
-                     "max_response": args.max_response, "lr": args.lr, "seed": args.seed, "temperature": 1.0,
-                     "kl": "off (kuberl kl.loss disabled, TRL beta 0)", "dtype": "bf16 over fp32" if gpu else "fp32",
-                     "gpu_memory_utilization": args.gpu_memory_utilization, "data": data},
+        "date": time.strftime("%Y-%m-%d"),
+        "device": gpu_name() if gpu else "cpu",
+        "model": args.model,
+        "model_folder": folder,
+        "versions": versions(),
+        "work_dir": str(work),
+        "settings": {
+            "steps": args.steps,
+            "prompts": args.prompts,
+            "group": args.group,
+            "responses_per_step": total,
+            "micro_batch": args.micro_batch,
+            "max_prompt": args.max_prompt,
+            "max_response": args.max_response,
+            "lr": args.lr,
+            "seed": args.seed,
+            "temperature": 1.0,
+            "kl": "off (kuberl kl.loss disabled, TRL beta 0)",
+            "dtype": "bf16 over fp32" if gpu else "fp32",
+            "gpu_memory_utilization": args.gpu_memory_utilization,
+            "data": data,
+        },
         "tokens": "prompt + response tokens (eos included, padding excluded) of every response, per step",
         "tokens_per_s": "sum of tokens ÷ sum of step seconds over steps 2…N (step 1 is warm-up)",
     }
@@ -412,8 +556,11 @@ def main() -> int:
         result[side] = run(args, folder, data["file"], work, gpu)
         error = result[side].get("error")
         lines = error.splitlines() if error else []
-        summary = f"{lines[0]} … {lines[-1]} (more in {args.out})" if error else \
-            f"{result[side]['tokens_per_s']:.0f} tokens/s"
+        summary = (
+            f"{lines[0]} … {lines[-1]} (more in {args.out})"
+            if error
+            else f"{result[side]['tokens_per_s']:.0f} tokens/s"
+        )
         print(f"{side}: {summary} ({result[side]['wall_s']} s)", flush=True)
 
     ok = all("error" not in result[side] for side in sides)
@@ -424,8 +571,10 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     if "ratio" in result:
-        print(f"kuberl ÷ TRL tokens/s: {result['ratio']:.2f} (kuberl {ours:.0f} tok/s, TRL {theirs:.0f} tok/s, "
-              f"TRL generation: {result['trl']['generation']})")
+        print(
+            f"kuberl ÷ TRL tokens/s: {result['ratio']:.2f} (kuberl {ours:.0f} tok/s, TRL {theirs:.0f} tok/s, "
+            f"TRL generation: {result['trl']['generation']})"
+        )
     print(f"wrote {out}")
     return 0 if ok else 1
 

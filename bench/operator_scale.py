@@ -99,22 +99,40 @@ def main(argv: list[str] | None = None) -> int:
         custom = client.CustomObjectsApi(api_client)
         client.CoreV1Api(api_client).create_namespace({"metadata": {"name": NAMESPACE}})
         log_dir = Path(cluster.workdir) / "operator"
-        operator = OperatorProcess(kubeconfig=cluster.kubeconfig, log_dir=log_dir, namespaces=(NAMESPACE,),
-                                   extra_args=("--max-workers", str(args.workers), "--resync-seconds", "0"))
+        operator = OperatorProcess(
+            kubeconfig=cluster.kubeconfig,
+            log_dir=log_dir,
+            namespaces=(NAMESPACE,),
+            extra_args=("--max-workers", str(args.workers), "--resync-seconds", "0"),
+        )
         operator.start()
         time.sleep(1.0)
         pid = operator.popen.pid
         rss_idle = rss_mib(pid)
-        pids = {"kube-apiserver": next(p.popen.pid for p in cluster._procs if p.name == "kube-apiserver"),
-                "etcd": next(p.popen.pid for p in cluster._procs if p.name == "etcd"),
-                "operator": pid, "benchmark client": os.getpid()}
+        pids = {
+            "kube-apiserver": next(p.popen.pid for p in cluster._procs if p.name == "kube-apiserver"),
+            "etcd": next(p.popen.pid for p in cluster._procs if p.name == "etcd"),
+            "operator": pid,
+            "benchmark client": os.getpid(),
+        }
         cpu_before = {k: cpu_seconds(v) for k, v in pids.items()}
 
-        rayjobs = Watcher(custom.list_namespaced_custom_object, lambda o: True,
-                          group="ray.io", version="v1", namespace=NAMESPACE, plural="rayjobs")
-        statuses = Watcher(custom.list_namespaced_custom_object,
-                           lambda o: bool((o.get("status") or {}).get("rayJobName")),
-                           group="kuberl.io", version="v1alpha1", namespace=NAMESPACE, plural="rljobs")
+        rayjobs = Watcher(
+            custom.list_namespaced_custom_object,
+            lambda o: True,
+            group="ray.io",
+            version="v1",
+            namespace=NAMESPACE,
+            plural="rayjobs",
+        )
+        statuses = Watcher(
+            custom.list_namespaced_custom_object,
+            lambda o: bool((o.get("status") or {}).get("rayJobName")),
+            group="kuberl.io",
+            version="v1alpha1",
+            namespace=NAMESPACE,
+            plural="rljobs",
+        )
         rayjobs.start()
         statuses.start()
         rayjobs.started.wait(5)
@@ -161,33 +179,53 @@ def main(argv: list[str] | None = None) -> int:
 
     to_rayjob = [rayjobs.seen[n] - sent[n] for n in names if n in rayjobs.seen]
     to_status = [statuses.seen[n] - sent[n] for n in names if n in statuses.seen]
-    errors = sum(float(line.split()[-1]) for line in metrics.splitlines()
-                 if line.startswith("kuberl_operator_reconcile_errors_total"))
+    errors = sum(
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("kuberl_operator_reconcile_errors_total")
+    )
     durations = {}
     for line in metrics.splitlines():
         for suffix in ("_sum", "_count"):
             prefix = "kuberl_operator_reconcile_duration_seconds" + suffix + '{handler="'
             if line.startswith(prefix):
-                handler = line[len(prefix):].split('"')[0]
+                handler = line[len(prefix) :].split('"')[0]
                 durations.setdefault(handler, {})[suffix[1:]] = float(line.split()[-1])
-    handler_mean_s = {h: {"runs": int(d["count"]), "mean_s": round(d["sum"] / d["count"], 3)}
-                      for h, d in durations.items() if d.get("count")}
+    handler_mean_s = {
+        h: {"runs": int(d["count"]), "mean_s": round(d["sum"] / d["count"], 3)}
+        for h, d in durations.items()
+        if d.get("count")
+    }
     result = {
-        "jobs": args.jobs, "operator_max_workers": args.workers, "rayjobs_in_namespace": count, "rljobs_with_status": with_status,
-        "create_all_s": round(created_s, 2), "all_reconciled_s": round(all_done_s, 2),
-        "rayjob_latency_s": {"p50": round(percentile(to_rayjob, 50), 3), "p99": round(percentile(to_rayjob, 99), 3),
-                             "max": round(max(to_rayjob, default=float("nan")), 3), "n": len(to_rayjob),
-                             "mean": round(statistics.fmean(to_rayjob), 3) if to_rayjob else None},
-        "status_latency_s": {"p50": round(percentile(to_status, 50), 3), "p99": round(percentile(to_status, 99), 3),
-                             "max": round(max(to_status, default=float("nan")), 3), "n": len(to_status)},
+        "jobs": args.jobs,
+        "operator_max_workers": args.workers,
+        "rayjobs_in_namespace": count,
+        "rljobs_with_status": with_status,
+        "create_all_s": round(created_s, 2),
+        "all_reconciled_s": round(all_done_s, 2),
+        "rayjob_latency_s": {
+            "p50": round(percentile(to_rayjob, 50), 3),
+            "p99": round(percentile(to_rayjob, 99), 3),
+            "max": round(max(to_rayjob, default=float("nan")), 3),
+            "n": len(to_rayjob),
+            "mean": round(statistics.fmean(to_rayjob), 3) if to_rayjob else None,
+        },
+        "status_latency_s": {
+            "p50": round(percentile(to_status, 50), 3),
+            "p99": round(percentile(to_status, 99), 3),
+            "max": round(max(to_status, default=float("nan")), 3),
+            "n": len(to_status),
+        },
         "operator_rss_mib": {"idle": round(rss_idle, 1), "peak": round(peak[0], 1), "after": round(rss_after, 1)},
         "reconcile_errors": errors,
         "handlers": handler_mean_s,
         "cpu_s": cpu_used,
         "host_cpus": os.cpu_count(),
     }
-    print(f"{args.jobs} RLJobs created in {created_s:.2f} s; all reconciled after {all_done_s:.2f} s; "
-          f"{count} RayJobs exist; {with_status} RLJobs have a status; reconcile errors: {errors:g}")
+    print(
+        f"{args.jobs} RLJobs created in {created_s:.2f} s; all reconciled after {all_done_s:.2f} s; "
+        f"{count} RayJobs exist; {with_status} RLJobs have a status; reconcile errors: {errors:g}"
+    )
     print(f"{'':24}{'p50':>8}{'p99':>8}{'max':>8}{'n':>6}")
     for label, key in (("creation → RayJob", "rayjob_latency_s"), ("creation → status", "status_latency_s")):
         r = result[key]
@@ -195,8 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     rss = result["operator_rss_mib"]
     print(f"operator RSS MiB: idle {rss['idle']}, peak {rss['peak']}, after {rss['after']}")
     print("handler runs (mean s): " + ", ".join(f"{h} {d['runs']} ({d['mean_s']})" for h, d in handler_mean_s.items()))
-    print(f"CPU seconds during the {all_done_s:.0f} s run on {os.cpu_count()} CPUs: "
-          + ", ".join(f"{k} {v}" for k, v in cpu_used.items()))
+    print(
+        f"CPU seconds during the {all_done_s:.0f} s run on {os.cpu_count()} CPUs: "
+        + ", ".join(f"{k} {v}" for k, v in cpu_used.items())
+    )
     if args.json:
         print(json.dumps(result, indent=2))
     return 0 if count == args.jobs and len(to_rayjob) == args.jobs else 1

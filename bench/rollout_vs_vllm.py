@@ -27,18 +27,40 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-TOPICS = ["apples", "trains", "the moon", "prime numbers", "a rainy day", "chess", "bread", "rivers", "robots",
-          "music", "volcanoes", "bicycles", "the ocean", "owls", "mountains", "coffee"]
+TOPICS = [
+    "apples",
+    "trains",
+    "the moon",
+    "prime numbers",
+    "a rainy day",
+    "chess",
+    "bread",
+    "rivers",
+    "robots",
+    "music",
+    "volcanoes",
+    "bicycles",
+    "the ocean",
+    "owls",
+    "mountains",
+    "coffee",
+]
 
 
 def make_prompts(folder: str, count: int) -> list[list[int]]:
     from kuberl.trainer.models import load_tokenizer
 
     tokenizer = load_tokenizer(folder)
-    questions = [f"Question {i}: write a short paragraph about {TOPICS[i % len(TOPICS)]} and {i * 7 % 100}."
-                 for i in range(count)]
-    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                          tokenize=True, return_dict=False) for q in questions]
+    questions = [
+        f"Question {i}: write a short paragraph about {TOPICS[i % len(TOPICS)]} and {i * 7 % 100}."
+        for i in range(count)
+    ]
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for q in questions
+    ]
 
 
 def timed(fn, repeats: int) -> dict:
@@ -49,8 +71,12 @@ def timed(fn, repeats: int) -> dict:
         tokens = fn()
         runs.append((time.perf_counter() - start, tokens))
     rates = [tokens / seconds for seconds, tokens in runs]
-    return {"tokens_per_s": statistics.median(rates), "tokens_per_s_runs": [round(r, 1) for r in rates],
-            "tokens_per_call": [t for _, t in runs], "seconds_per_call": [round(s, 3) for s, _ in runs]}
+    return {
+        "tokens_per_s": statistics.median(rates),
+        "tokens_per_s_runs": [round(r, 1) for r in rates],
+        "tokens_per_call": [t for _, t in runs],
+        "seconds_per_call": [round(s, 3) for s, _ in runs],
+    }
 
 
 def standalone(folder: str, prompts: list[list[int]], args: argparse.Namespace, queue) -> None:
@@ -58,10 +84,16 @@ def standalone(folder: str, prompts: list[list[int]], args: argparse.Namespace, 
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # vLLM's default
         from vllm import LLM, SamplingParams, TokensPrompt
 
-        llm = LLM(model=folder, dtype="bfloat16", gpu_memory_utilization=args.gpu_memory_utilization,
-                  max_model_len=args.max_model_len, seed=0)
-        params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                max_tokens=args.max_tokens)
+        llm = LLM(
+            model=folder,
+            dtype="bfloat16",
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            max_model_len=args.max_model_len,
+            seed=0,
+        )
+        params = SamplingParams(
+            n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens
+        )
         requests = [TokensPrompt(prompt_token_ids=p) for p in prompts]
 
         def run() -> int:
@@ -95,11 +127,20 @@ def main() -> int:
 
     folder = model_folder(args.model)
     prompts = make_prompts(folder, args.prompts)
-    result: dict = {"device": torch.cuda.get_device_name(0), "model": args.model,
-                    "workload": {"prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens,
-                                 "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
-                                 "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts)},
-                    "gpu_memory_utilization": args.gpu_memory_utilization}
+    result: dict = {
+        "device": torch.cuda.get_device_name(0),
+        "model": args.model,
+        "workload": {
+            "prompts": args.prompts,
+            "n": args.n,
+            "max_tokens": args.max_tokens,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "top_k": args.top_k,
+            "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts),
+        },
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+    }
 
     if not args.skip_standalone:
         ctx = mp.get_context("spawn")
@@ -115,16 +156,23 @@ def main() -> int:
     from vllm import SamplingParams, TokensPrompt
 
     start = time.perf_counter()
-    rollout = VLLMRollout(folder, pad_id=0, eos_ids=[], gpu_memory_utilization=args.gpu_memory_utilization,
-                          max_model_len=args.max_model_len, calculate_log_probs=False)
+    rollout = VLLMRollout(
+        folder,
+        pad_id=0,
+        eos_ids=[],
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=args.max_model_len,
+        calculate_log_probs=False,
+    )
     result["vllm_rollout_engine_start_s"] = round(time.perf_counter() - start, 1)
     from kuberl.trainer.models import load_tokenizer
 
     tokenizer = load_tokenizer(folder)
     rollout.pad_id = tokenizer.pad_token_id
     rollout.eos_ids = [tokenizer.eos_token_id]
-    params = SamplingParams(n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens)
+    params = SamplingParams(
+        n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens
+    )
     requests = [TokensPrompt(prompt_token_ids=p) for p in prompts]
 
     def raw() -> int:
@@ -132,8 +180,14 @@ def main() -> int:
         return sum(len(c.token_ids) for o in outs for c in o.outputs)
 
     def wrapped() -> int:
-        batch = rollout.generate(prompts, args.n, temperature=args.temperature, top_p=args.top_p,
-                                 top_k=args.top_k if args.top_k > 0 else -1, max_new_tokens=args.max_tokens)
+        batch = rollout.generate(
+            prompts,
+            args.n,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k if args.top_k > 0 else -1,
+            max_new_tokens=args.max_tokens,
+        )
         return int(batch.response_mask.sum())
 
     result["raw_same_engine"] = timed(raw, args.repeats)
@@ -154,8 +208,12 @@ def main() -> int:
     for key in ("standalone", "raw_same_engine", "vllm_rollout", "vllm_rollout_with_logprobs"):
         if "tokens_per_s" in result.get(key, {}):
             print(f"{key:<28}{result[key]['tokens_per_s']:>12.0f}")
-    print("ratio vs standalone:", result.get("ratio_vs_standalone"), " vs raw same engine:",
-          result["ratio_vs_raw_same_engine"])
+    print(
+        "ratio vs standalone:",
+        result.get("ratio_vs_standalone"),
+        " vs raw same engine:",
+        result["ratio_vs_raw_same_engine"],
+    )
     rollout.shutdown()
     return 0
 

@@ -83,19 +83,41 @@ def measure_one(name: str, bucket_mbs: list[int], repeats: int) -> dict:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     tied = is_tied(model)
     params = sum(p.numel() for p in model.parameters())
-    actor = fsdp.prepare(model, device=torch.device("cuda", 0), dtype="bfloat16", gradient_checkpointing=False,
-                         reshard_after_forward=True, param_offload=False)
+    actor = fsdp.prepare(
+        model,
+        device=torch.device("cuda", 0),
+        dtype="bfloat16",
+        gradient_checkpointing=False,
+        reshard_after_forward=True,
+        param_offload=False,
+    )
     bandwidth = copy_bandwidth()
     start = time.perf_counter()
-    engine = VLLMRollout(folder, pad_id=0, eos_ids=[0], gpu_memory_utilization=0.2, max_model_len=1024,
-                         enforce_eager=True, load_format="dummy", skip_tokenizer_init=random_init)
+    engine = VLLMRollout(
+        folder,
+        pad_id=0,
+        eos_ids=[0],
+        gpu_memory_utilization=0.2,
+        max_model_len=1024,
+        enforce_eager=True,
+        load_format="dummy",
+        skip_tokenizer_init=random_init,
+    )
     engine_start = time.perf_counter() - start
     sent = [(n, tuple(p.shape)) for n, p in actor.named_parameters() if not (tied and n == "lm_head.weight")]
     bytes_bf16 = sum(2 * torch.Size(s).numel() for _, s in sent)
     floor_s = 2 * bytes_bf16 / bandwidth
-    result = {"model": name, "params": params, "tied_embeddings": tied, "tensors_sent": len(sent),
-              "bytes_sent_bf16": bytes_bf16, "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1),
-              "floor_s": round(floor_s, 5), "engine_start_s": round(engine_start, 1), "by_bucket_mb": {}}
+    result = {
+        "model": name,
+        "params": params,
+        "tied_embeddings": tied,
+        "tensors_sent": len(sent),
+        "bytes_sent_bf16": bytes_bf16,
+        "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1),
+        "floor_s": round(floor_s, 5),
+        "engine_start_s": round(engine_start, 1),
+        "by_bucket_mb": {},
+    }
 
     def sync(bucket_mb: int) -> dict:
         engine.bucket_bytes = bucket_mb * 2**20
@@ -142,8 +164,11 @@ def measure_one(name: str, bucket_mbs: list[int], repeats: int) -> dict:
 
     vocab = actor.config.vocab_size
     ids = torch.randint(0, vocab, (128,), generator=torch.Generator().manual_seed(0)).tolist()
-    out = engine.llm.generate([TokensPrompt(prompt_token_ids=ids)],
-                              SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False), use_tqdm=False)[0]
+    out = engine.llm.generate(
+        [TokensPrompt(prompt_token_ids=ids)],
+        SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False),
+        use_tqdm=False,
+    )[0]
     got = torch.as_tensor([out.prompt_logprobs[i][t].logprob for i, t in enumerate(ids) if i > 0])
     x = torch.as_tensor([ids], device="cuda")
     with torch.no_grad():
@@ -174,15 +199,26 @@ def main() -> int:
 
     results = {"device": torch.cuda.get_device_name(0), "models": []}
     for name in args.models:
-        cmd = [sys.executable, __file__, "--one", name, "--repeats", str(args.repeats), "--bucket-mb",
-               *map(str, args.bucket_mb)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--one",
+            name,
+            "--repeats",
+            str(args.repeats),
+            "--bucket-mb",
+            *map(str, args.bucket_mb),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode:
             sys.stderr.write(proc.stderr[-4000:])
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         print("\n".join(line for line in proc.stdout.splitlines() if not line.startswith("RESULT ")), flush=True)
-        results["models"].append(json.loads(lines[-1][7:]) if lines else
-                                 {"model": name, "error": f"exit {proc.returncode}", "stderr": proc.stderr[-2000:]})
+        results["models"].append(
+            json.loads(lines[-1][7:])
+            if lines
+            else {"model": name, "error": f"exit {proc.returncode}", "stderr": proc.stderr[-2000:]}
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print(f"{'model':<12}{'params':>12}{'MB bf16':>10}{'floor ms':>10}{'bucket':>8}{'sync s':>9}{'load s':>9}")
@@ -191,8 +227,10 @@ def main() -> int:
             print(r["model"], r["error"])
             continue
         for bucket, s in r["by_bucket_mb"].items():
-            print(f"{r['model']:<12}{r['params']:>12,}{r['bytes_sent_bf16'] / 1e6:>10.0f}{r['floor_s'] * 1e3:>10.2f}"
-                  f"{bucket:>8}{s['total_s']:>9.3f}{s['load_only_awake_s']:>9.3f}")
+            print(
+                f"{r['model']:<12}{r['params']:>12,}{r['bytes_sent_bf16'] / 1e6:>10.0f}{r['floor_s'] * 1e3:>10.2f}"
+                f"{bucket:>8}{s['total_s']:>9.3f}{s['load_only_awake_s']:>9.3f}"
+            )
     return 0
 
 

@@ -281,9 +281,12 @@ class Cluster:
     def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         self.tools.require(["helm"])
         cmd = [str(self.tools.path("helm")), f"--kubeconfig={self.kubeconfig}", *args]
-        env = {**self.env, "HELM_CACHE_HOME": str(self.workdir / "helm" / "cache"),
-               "HELM_CONFIG_HOME": str(self.workdir / "helm" / "config"),
-               "HELM_DATA_HOME": str(self.workdir / "helm" / "data")}
+        env = {
+            **self.env,
+            "HELM_CACHE_HOME": str(self.workdir / "helm" / "cache"),
+            "HELM_CONFIG_HOME": str(self.workdir / "helm" / "config"),
+            "HELM_DATA_HOME": str(self.workdir / "helm" / "data"),
+        }
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         if check and result.returncode != 0:
             raise CommandError(result.returncode, cmd, result.stdout, result.stderr)
@@ -305,7 +308,9 @@ class Cluster:
         `validate="strict"` is server-side field validation: unknown or duplicate fields are errors, not pruned.
         `dry_run="server"` runs admission (schema, CEL, defaulting) without persisting.
         """
-        return self._manifest_verb("apply", doc_or_path, args, namespace, server_side, dry_run, validate, check, kubeconfig)
+        return self._manifest_verb(
+            "apply", doc_or_path, args, namespace, server_side, dry_run, validate, check, kubeconfig
+        )
 
     def create(
         self,
@@ -356,8 +361,9 @@ class Cluster:
                 if time.monotonic() > deadline:
                     raise ClusterError(f"CRD {name} not served after {timeout:.0f} s")
                 time.sleep(0.05)
-            while not _condition_true(self._get_json(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"),
-                                      "Established"):
+            while not _condition_true(
+                self._get_json(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"), "Established"
+            ):
                 if time.monotonic() > deadline:
                     raise ClusterError(f"CRD {name} not Established after {timeout:.0f} s")
                 time.sleep(0.2)
@@ -405,9 +411,17 @@ class Cluster:
         ca = pki.CertificateAuthority(pki_dir)
         self.ca_file = ca.cert
         self._serving = ca.issue(
-            "apiserver", "kube-apiserver",
-            server_hosts=("127.0.0.1", "localhost", "10.0.0.1", "kubernetes", "kubernetes.default",
-                          "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"),
+            "apiserver",
+            "kube-apiserver",
+            server_hosts=(
+                "127.0.0.1",
+                "localhost",
+                "10.0.0.1",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
         )
         self._admin = ca.issue("admin", "admin", organizations=("system:masters",))
         self._limited = ca.issue("limited", "limited")
@@ -418,8 +432,12 @@ class Cluster:
         log = self.workdir / f"{name}.log"
         with open(log, "wb") as handle:  # the child holds its own descriptor
             popen = subprocess.Popen(
-                argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.workdir, preexec_fn=_die_with_parent,
+                argv,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.workdir,
+                preexec_fn=_die_with_parent,
             )
         proc = _Proc(name, popen, log)
         self._procs.append(proc)
@@ -438,15 +456,21 @@ class Cluster:
     def _start_etcd(self) -> None:
         client, peer = free_port(), free_port()
         self._etcd_url = f"http://127.0.0.1:{client}"
-        proc = self._spawn("etcd", [
-            str(self.tools.path("etcd")),
-            "--name=e2e", f"--data-dir={self.workdir / 'etcd'}",
-            f"--listen-client-urls={self._etcd_url}", f"--advertise-client-urls={self._etcd_url}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer}", f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-cluster=e2e=http://127.0.0.1:{peer}",
-            "--unsafe-no-fsync",  # a test cluster's data is thrown away; fsync dominates write latency
-            "--log-level=warn",
-        ])
+        proc = self._spawn(
+            "etcd",
+            [
+                str(self.tools.path("etcd")),
+                "--name=e2e",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={self._etcd_url}",
+                f"--advertise-client-urls={self._etcd_url}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-cluster=e2e=http://127.0.0.1:{peer}",
+                "--unsafe-no-fsync",  # a test cluster's data is thrown away; fsync dominates write latency
+                "--log-level=warn",
+            ],
+        )
 
         def healthy() -> bool:
             try:
@@ -462,27 +486,34 @@ class Cluster:
     def _start_apiserver(self) -> None:
         port = free_port()
         self.server = f"https://127.0.0.1:{port}"
-        self._apiserver = self._spawn("kube-apiserver", [
-            str(self.tools.path("kube-apiserver")),
-            f"--etcd-servers={self._etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={port}",
-            f"--cert-dir={self.workdir / 'pki'}",
-            f"--tls-cert-file={self._serving.cert}", f"--tls-private-key-file={self._serving.key}",
-            f"--client-ca-file={self.ca_file}",
-            "--authorization-mode=RBAC",
-            # the defaults plus nothing: NamespaceLifecycle, ServiceAccount, LimitRanger, ResourceQuota,
-            # ValidatingAdmissionPolicy, webhooks, ... all run without extra infrastructure
-            f"--service-account-key-file={self._sa.cert}",
-            f"--service-account-signing-key-file={self._sa.key}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            "--api-audiences=https://kubernetes.default.svc.cluster.local",
-            "--service-cluster-ip-range=10.0.0.0/24",
-            "--endpoint-reconciler-type=none",  # the `kubernetes` Endpoints may not point at loopback; no pods use it
-            "--enable-priority-and-fairness=false",  # no request queuing in a single-client test cluster
-            "--profiling=false",
-            "--shutdown-delay-duration=0s", "--shutdown-watch-termination-grace-period=0s",
-            "--v=1",
-        ])
+        self._apiserver = self._spawn(
+            "kube-apiserver",
+            [
+                str(self.tools.path("kube-apiserver")),
+                f"--etcd-servers={self._etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.workdir / 'pki'}",
+                f"--tls-cert-file={self._serving.cert}",
+                f"--tls-private-key-file={self._serving.key}",
+                f"--client-ca-file={self.ca_file}",
+                "--authorization-mode=RBAC",
+                # the defaults plus nothing: NamespaceLifecycle, ServiceAccount, LimitRanger, ResourceQuota,
+                # ValidatingAdmissionPolicy, webhooks, ... all run without extra infrastructure
+                f"--service-account-key-file={self._sa.cert}",
+                f"--service-account-signing-key-file={self._sa.key}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                "--api-audiences=https://kubernetes.default.svc.cluster.local",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--endpoint-reconciler-type=none",  # the `kubernetes` Endpoints may not point at loopback; no pods use it
+                "--enable-priority-and-fairness=false",  # no request queuing in a single-client test cluster
+                "--profiling=false",
+                "--shutdown-delay-duration=0s",
+                "--shutdown-watch-termination-grace-period=0s",
+                "--v=1",
+            ],
+        )
         self._port = port
         self._admin_ssl = ssl.create_default_context(cafile=str(self.ca_file))
         self._admin_ssl.load_cert_chain(str(self._admin.cert), str(self._admin.key))
@@ -497,9 +528,11 @@ class Cluster:
 
     def _write_kubeconfig(self, path: Path, user: str, credentials: dict[str, str], namespace: str = "default") -> Path:
         doc = {
-            "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "e2e", "cluster": {"server": self.server,
-                                                      "certificate-authority-data": _b64(self.ca_file)}}],
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": "e2e", "cluster": {"server": self.server, "certificate-authority-data": _b64(self.ca_file)}}
+            ],
             "users": [{"name": user, "user": credentials}],
             "contexts": [{"name": user, "context": {"cluster": "e2e", "user": user, "namespace": namespace}}],
             "current-context": user,
@@ -510,7 +543,8 @@ class Cluster:
 
     def _kubeconfig(self, path: Path, user: str, pair: pki.KeyPair) -> Path:
         return self._write_kubeconfig(
-            path, user, {"client-certificate-data": _b64(pair.cert), "client-key-data": _b64(pair.key)})
+            path, user, {"client-certificate-data": _b64(pair.cert), "client-key-data": _b64(pair.key)}
+        )
 
     def _write_kubeconfigs(self) -> None:
         self.kubeconfig = self._kubeconfig(self.workdir / "admin.kubeconfig", "admin", self._admin)
@@ -518,17 +552,20 @@ class Cluster:
         self._kcm_kubeconfig = self._kubeconfig(self.workdir / "kcm.kubeconfig", "kcm", self._kcm)
 
     def _start_controller_manager(self) -> None:
-        self._spawn("kube-controller-manager", [
-            str(self.tools.path("kube-controller-manager")),
-            f"--kubeconfig={self._kcm_kubeconfig}",
-            "--leader-elect=false",
-            f"--controllers={','.join(CONTROLLERS)}",
-            "--secure-port=0",  # no metrics/health endpoint: nothing scrapes it
-            f"--service-account-private-key-file={self._sa.key}",
-            f"--root-ca-file={self.ca_file}",
-            "--concurrent-gc-syncs=5",
-            "--v=1",
-        ])
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.tools.path("kube-controller-manager")),
+                f"--kubeconfig={self._kcm_kubeconfig}",
+                "--leader-elect=false",
+                f"--controllers={','.join(CONTROLLERS)}",
+                "--secure-port=0",  # no metrics/health endpoint: nothing scrapes it
+                f"--service-account-private-key-file={self._sa.key}",
+                f"--root-ca-file={self.ca_file}",
+                "--concurrent-gc-syncs=5",
+                "--v=1",
+            ],
+        )
 
     def _install_crds(self) -> None:
         files = [*kuberay_crd_files(), *self.extra_crds]
@@ -539,16 +576,23 @@ class Cluster:
         # server-side apply's managed-fields bookkeeping on 1.4 MB makes it twice as slow. Strict: a typo in a
         # generated CRD (say `x-kubernetes-validation`) is an error rather than silently pruned.
         kubectl = [str(self.tools.path("kubectl")), f"--kubeconfig={self.kubeconfig}", "create", "--validate=strict"]
-        running = {path: subprocess.Popen([*kubectl, "-f", str(path)], stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE, text=True) for path in files}
+        running = {
+            path: subprocess.Popen(
+                [*kubectl, "-f", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            )
+            for path in files
+        }
         names = []
         for path, popen in running.items():
             _, stderr = popen.communicate(timeout=120)
             if popen.returncode != 0:
                 self.crd_errors[path] = stderr.strip()
                 continue
-            names += [d["metadata"]["name"] for d in yaml.load_all(path.read_text(), Loader=_YamlLoader)
-                      if d and d.get("kind") == "CustomResourceDefinition"]
+            names += [
+                d["metadata"]["name"]
+                for d in yaml.load_all(path.read_text(), Loader=_YamlLoader)
+                if d and d.get("kind") == "CustomResourceDefinition"
+            ]
         t0 = time.monotonic()
         self.wait_established(names)
         self.timings["crds_established_wait_s"] = time.monotonic() - t0

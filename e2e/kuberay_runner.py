@@ -161,14 +161,23 @@ class KubeRayRunner:
         ray_dir = Path(tempfile.mkdtemp(prefix="krl-"))
         env = {**os.environ, **RAY_ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
         command = [
-            str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
-            f"--port={port}", f"--dashboard-port={dashboard_port}", "--dashboard-host=127.0.0.1",
-            "--node-ip-address=127.0.0.1", f"--num-cpus={self.num_cpus}", "--num-gpus=0",
-            f"--temp-dir={ray_dir}", "--include-dashboard=true",
+            str(Path(sys.executable).parent / "ray"),
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            f"--dashboard-port={dashboard_port}",
+            "--dashboard-host=127.0.0.1",
+            "--node-ip-address=127.0.0.1",
+            f"--num-cpus={self.num_cpus}",
+            "--num-gpus=0",
+            f"--temp-dir={ray_dir}",
+            "--include-dashboard=true",
         ]
         with open(log, "wb") as out:
-            head = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir,
-                                    start_new_session=True)
+            head = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir, start_new_session=True
+            )
         attempt = Attempt(cluster, head, f"http://127.0.0.1:{dashboard_port}", log, ray_dir)
         self._wait_for_dashboard(attempt)
         return attempt

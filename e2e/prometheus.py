@@ -110,9 +110,17 @@ class Prometheus:
         self._log = self.workdir / "prometheus.log"
         with open(self._log, "wb") as log:
             self._popen = subprocess.Popen(
-                [str(binary), f"--config.file={config_file}", f"--storage.tsdb.path={self.workdir / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.workdir,
+                [
+                    str(binary),
+                    f"--config.file={config_file}",
+                    f"--storage.tsdb.path={self.workdir / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--log.level=warn",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.workdir,
                 preexec_fn=_die_with_parent,
             )
         deadline = time.monotonic() + self.start_timeout

@@ -93,12 +93,25 @@ class Stack:
 
 @pytest.fixture
 def stack(cluster: Cluster, namespace: str, helm_bin: Path, tmp_path: Path) -> Iterator[Stack]:
-    cluster.helm("install", RELEASE, str(REPO_ROOT / "charts" / "kuberl"), "--namespace", namespace, "--skip-crds",
-                 "--set", f"watchNamespaces={{{namespace}}}")
-    operator = OperatorProcess(kubeconfig=cluster.service_account_kubeconfig(namespace, RELEASE),
-                               log_dir=tmp_path / "operator", namespaces=(namespace,))
+    cluster.helm(
+        "install",
+        RELEASE,
+        str(REPO_ROOT / "charts" / "kuberl"),
+        "--namespace",
+        namespace,
+        "--skip-crds",
+        "--set",
+        f"watchNamespaces={{{namespace}}}",
+    )
+    operator = OperatorProcess(
+        kubeconfig=cluster.service_account_kubeconfig(namespace, RELEASE),
+        log_dir=tmp_path / "operator",
+        namespaces=(namespace,),
+    )
     runner = KubeRayRunner(
-        cluster.api_client(), namespace, tmp_path / "pods",
+        cluster.api_client(),
+        namespace,
+        tmp_path / "pods",
         pod_env={"KUBECONFIG": str(cluster.service_account_kubeconfig(namespace, TRAINER_SA)), "OMP_NUM_THREADS": "1"},
     )
     operator.start()
@@ -130,17 +143,27 @@ def test_apply_trains_to_succeeded_and_delete_cleans_up(stack: Stack) -> None:
     assert {c["type"]: c["status"] for c in status["conditions"]}["Succeeded"] == "True"
 
     stack.cluster.kubectl("delete", "rljob", name, "-n", stack.namespace, "--wait=true", "--timeout=60s")
-    wait_until("the RayJob and ConfigMap to be garbage-collected",
-               lambda: not stack.exists("rayjob", name) and not stack.exists("configmap", f"{name}-spec"),
-               180, lambda: stack.diagnostics(name))
+    wait_until(
+        "the RayJob and ConfigMap to be garbage-collected",
+        lambda: not stack.exists("rayjob", name) and not stack.exists("configmap", f"{name}-spec"),
+        180,
+        lambda: stack.diagnostics(name),
+    )
 
 
 def test_killed_ray_cluster_is_retried_and_resumes_from_the_checkpoint(stack: Stack) -> None:
     job = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
     name, total = "tiny-resume", 40
     job["metadata"]["name"] = name
-    job["spec"]["trainer"].update(totalSteps=total, saveFreq=1, testFreq=-1, valBeforeTrain=False, metricsPort=0,
-                                  checkpointDir="checkpoints", maxCheckpoints=2)
+    job["spec"]["trainer"].update(
+        totalSteps=total,
+        saveFreq=1,
+        testFreq=-1,
+        valBeforeTrain=False,
+        metricsPort=0,
+        checkpointDir="checkpoints",
+        maxCheckpoints=2,
+    )
     job["spec"]["runPolicy"] = {"backoffLimit": 1}
     workdir = stack.prepare_pod_filesystem(name)
     metrics = workdir / "runs" / name / "metrics.jsonl"

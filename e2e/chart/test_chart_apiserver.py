@@ -20,8 +20,15 @@ def release_for(namespace: str) -> str:
     return "kuberl-" + namespace.rsplit("-", 1)[-1]  # unique per test: cluster-scoped objects carry its name
 
 
-def install(cluster: Cluster, namespace: str, *args: str, values: dict | None = None, tmp: Path | None = None,
-            check: bool = True, crds: bool = False):
+def install(
+    cluster: Cluster,
+    namespace: str,
+    *args: str,
+    values: dict | None = None,
+    tmp: Path | None = None,
+    check: bool = True,
+    crds: bool = False,
+):
     """`helm install`; without the chart's CRD unless `crds` (the RLJob CRD is cluster-wide and has its own test)."""
     cmd = ["install", release_for(namespace), str(CHART), "--namespace", namespace, *args]
     if not crds:
@@ -43,10 +50,21 @@ def can_i(cluster: Cluster, service_account: str, verb: str, resource: str, name
     """
     resource, _, subresource = resource.partition("/")
     plural, _, group = resource.partition(".")
-    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-              "spec": {"user": service_account, "groups": ["system:serviceaccounts", "system:authenticated"],
-                       "resourceAttributes": {"namespace": namespace, "verb": verb, "group": group,
-                                              "resource": plural, "subresource": subresource}}}
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": service_account,
+            "groups": ["system:serviceaccounts", "system:authenticated"],
+            "resourceAttributes": {
+                "namespace": namespace,
+                "verb": verb,
+                "group": group,
+                "resource": plural,
+                "subresource": subresource,
+            },
+        },
+    }
     out = cluster.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(review)).stdout
     return json.loads(out)["status"].get("allowed", False)
 
@@ -73,20 +91,23 @@ def test_server_dry_run_renders_against_the_cluster(cluster: Cluster, helm_bin: 
     assert "in every namespace" in out
 
 
-def test_monitors_without_the_prometheus_operator_crds_fail_with_a_clear_error(cluster: Cluster, helm_bin: Path,
-                                                                              namespace: str, tmp_path: Path):
+def test_monitors_without_the_prometheus_operator_crds_fail_with_a_clear_error(
+    cluster: Cluster, helm_bin: Path, namespace: str, tmp_path: Path
+):
     """On a cluster without the Prometheus operator: a clear refusal (runs before this module installs them)."""
     crds = cluster.kubectl("get", "crd", "-o", "name").stdout
     if "servicemonitors.monitoring.coreos.com" in crds:
         pytest.skip("the monitoring.coreos.com CRDs are installed in this session's cluster")
-    result = install(cluster, namespace, values={"metrics": {"serviceMonitor": {"enabled": True}}}, tmp=tmp_path,
-                     check=False)
+    result = install(
+        cluster, namespace, values={"metrics": {"serviceMonitor": {"enabled": True}}}, tmp=tmp_path, check=False
+    )
     assert result.returncode != 0
     assert "ServiceMonitor" in result.stderr and "monitoring.coreos.com" in result.stderr
 
 
-def test_install_creates_every_object_the_apiserver_accepts(cluster: Cluster, helm_bin: Path, namespace: str,
-                                                           uninstall):
+def test_install_creates_every_object_the_apiserver_accepts(
+    cluster: Cluster, helm_bin: Path, namespace: str, uninstall
+):
     release = release_for(namespace)
     install(cluster, namespace)
     uninstall.append((release, namespace))
@@ -114,28 +135,44 @@ def test_install_with_the_chart_crd_is_accepted(cluster: Cluster, helm_bin: Path
     assert crd["spec"]["versions"][0]["name"] == "v1alpha1"
 
 
-def test_operator_service_account_can_reconcile_rljobs_and_cannot_read_secrets(cluster: Cluster, helm_bin: Path,
-                                                                              namespace: str, uninstall):
+def test_operator_service_account_can_reconcile_rljobs_and_cannot_read_secrets(
+    cluster: Cluster, helm_bin: Path, namespace: str, uninstall
+):
     release = release_for(namespace)
     install(cluster, namespace)
     uninstall.append((release, namespace))
     operator = f"system:serviceaccount:{namespace}:{release}"
     elsewhere = "default"  # cluster-wide mode: any namespace
-    for verb, resource in [("watch", "rljobs.kuberl.io"), ("patch", "rljobs.kuberl.io"),
-                           ("patch", "rljobs.kuberl.io/status"), ("create", "rayjobs.ray.io"),
-                           ("patch", "rayjobs.ray.io"), ("create", "configmaps"), ("create", "events"),
-                           ("update", "rljobs.kuberl.io/finalizers")]:
+    for verb, resource in [
+        ("watch", "rljobs.kuberl.io"),
+        ("patch", "rljobs.kuberl.io"),
+        ("patch", "rljobs.kuberl.io/status"),
+        ("create", "rayjobs.ray.io"),
+        ("patch", "rayjobs.ray.io"),
+        ("create", "configmaps"),
+        ("create", "events"),
+        ("update", "rljobs.kuberl.io/finalizers"),
+    ]:
         assert can_i(cluster, operator, verb, resource, elsewhere), f"operator cannot {verb} {resource}"
-    for verb, resource in [("get", "secrets"), ("list", "secrets"), ("create", "pods"), ("delete", "rljobs.kuberl.io"),
-                           ("create", "rljobs.kuberl.io"), ("update", "rljobs.kuberl.io"), ("create", "rayclusters.ray.io"),
-                           ("delete", "rayjobs.ray.io"), ("delete", "configmaps"), ("list", "namespaces"),
-                           ("list", "customresourcedefinitions.apiextensions.k8s.io")]:
+    for verb, resource in [
+        ("get", "secrets"),
+        ("list", "secrets"),
+        ("create", "pods"),
+        ("delete", "rljobs.kuberl.io"),
+        ("create", "rljobs.kuberl.io"),
+        ("update", "rljobs.kuberl.io"),
+        ("create", "rayclusters.ray.io"),
+        ("delete", "rayjobs.ray.io"),
+        ("delete", "configmaps"),
+        ("list", "namespaces"),
+        ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+    ]:
         assert not can_i(cluster, operator, verb, resource, elsewhere), f"operator may {verb} {resource}"
 
 
-def test_namespaced_install_grants_the_operator_nothing_outside_its_namespaces(cluster: Cluster, helm_bin: Path,
-                                                                                namespace: str, tmp_path: Path,
-                                                                                uninstall):
+def test_namespaced_install_grants_the_operator_nothing_outside_its_namespaces(
+    cluster: Cluster, helm_bin: Path, namespace: str, tmp_path: Path, uninstall
+):
     release = release_for(namespace)
     install(cluster, namespace, values={"watchNamespaces": [namespace]}, tmp=tmp_path)
     uninstall.append((release, namespace))
@@ -150,8 +187,9 @@ def test_namespaced_install_grants_the_operator_nothing_outside_its_namespaces(c
     assert not can_i(cluster, operator, "list", "customresourcedefinitions.apiextensions.k8s.io", "default")
 
 
-def test_trainer_service_account_may_patch_only_rljob_status(cluster: Cluster, helm_bin: Path, namespace: str,
-                                                             uninstall):
+def test_trainer_service_account_may_patch_only_rljob_status(
+    cluster: Cluster, helm_bin: Path, namespace: str, uninstall
+):
     release = release_for(namespace)
     install(cluster, namespace)
     uninstall.append((release, namespace))
@@ -163,19 +201,31 @@ def test_trainer_service_account_may_patch_only_rljob_status(cluster: Cluster, h
     assert not can_i(cluster, trainer, "patch", "rljobs.kuberl.io/status", "default")
 
 
-def test_monitors_install_with_every_field_kept(cluster: Cluster, helm_bin: Path, namespace: str, tmp_path: Path,
-                                                monitoring_crds, uninstall):
+def test_monitors_install_with_every_field_kept(
+    cluster: Cluster, helm_bin: Path, namespace: str, tmp_path: Path, monitoring_crds, uninstall
+):
     """Against (a minimal stand-in of) the Prometheus operator's CRDs: the apiserver keeps every rendered field."""
     release = release_for(namespace)
-    values = {"watchNamespaces": [namespace],
-              "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}}}
+    values = {
+        "watchNamespaces": [namespace],
+        "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
+    }
     (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
-    rendered = [d for d in yaml.safe_load_all(cluster.helm(
-        "template", release, str(CHART), "--namespace", namespace, "--values", str(tmp_path / "values.yaml")).stdout) if d]
+    rendered = [
+        d
+        for d in yaml.safe_load_all(
+            cluster.helm(
+                "template", release, str(CHART), "--namespace", namespace, "--values", str(tmp_path / "values.yaml")
+            ).stdout
+        )
+        if d
+    ]
     install(cluster, namespace, values=values, tmp=tmp_path)
     uninstall.append((release, namespace))
-    for kind, resource in (("ServiceMonitor", "servicemonitors.monitoring.coreos.com"),
-                           ("PodMonitor", "podmonitors.monitoring.coreos.com")):
+    for kind, resource in (
+        ("ServiceMonitor", "servicemonitors.monitoring.coreos.com"),
+        ("PodMonitor", "podmonitors.monitoring.coreos.com"),
+    ):
         (expected,) = [d for d in rendered if d["kind"] == kind]
         stored = cluster.get(resource, expected["metadata"]["name"], namespace)
         assert stored["spec"] == expected["spec"]

@@ -44,15 +44,37 @@ OPERATOR_NAMESPACE = "kuberl-system"
 
 # One step of an 8×H100 GRPO run on GSM8K, as the trainer logs it (verl's names; gpu/<rank>/* from NVML).
 STEP: dict[str, float] = {
-    "critic/score/mean": 0.62, "critic/score/max": 1.0, "critic/score/min": 0.0,
-    "critic/rewards/mean": 0.61, "critic/advantages/mean": 0.0, "actor/kl_loss": 0.0021,
-    "actor/reward_kl_penalty": 0.0004, "actor/entropy": 0.41, "actor/pg_loss": -0.013, "actor/pg_clipfrac": 0.004,
-    "actor/ppo_kl": 0.0002, "actor/grad_norm": 0.31, "actor/lr": 1e-6, "response_length/mean": 212.5,
-    "response_length/max": 1024.0, "response_length/min": 31.0, "response_length/clip_ratio": 0.012,
-    "prompt_length/mean": 104.2, "timing_s/gen": 41.3, "timing_s/reward": 0.4, "timing_s/old_log_prob": 6.1,
-    "timing_s/ref": 5.8, "timing_s/adv": 0.1, "timing_s/update_actor": 22.7, "timing_s/update_weights": 2.2,
-    "timing_s/step": 79.0, "perf/total_num_tokens": 1.61e6, "perf/time_per_step": 79.0,
-    "perf/throughput": 2547.0, "perf/mfu/actor": 0.31, "perf/max_memory_allocated_gb": 61.2,
+    "critic/score/mean": 0.62,
+    "critic/score/max": 1.0,
+    "critic/score/min": 0.0,
+    "critic/rewards/mean": 0.61,
+    "critic/advantages/mean": 0.0,
+    "actor/kl_loss": 0.0021,
+    "actor/reward_kl_penalty": 0.0004,
+    "actor/entropy": 0.41,
+    "actor/pg_loss": -0.013,
+    "actor/pg_clipfrac": 0.004,
+    "actor/ppo_kl": 0.0002,
+    "actor/grad_norm": 0.31,
+    "actor/lr": 1e-6,
+    "response_length/mean": 212.5,
+    "response_length/max": 1024.0,
+    "response_length/min": 31.0,
+    "response_length/clip_ratio": 0.012,
+    "prompt_length/mean": 104.2,
+    "timing_s/gen": 41.3,
+    "timing_s/reward": 0.4,
+    "timing_s/old_log_prob": 6.1,
+    "timing_s/ref": 5.8,
+    "timing_s/adv": 0.1,
+    "timing_s/update_actor": 22.7,
+    "timing_s/update_weights": 2.2,
+    "timing_s/step": 79.0,
+    "perf/total_num_tokens": 1.61e6,
+    "perf/time_per_step": 79.0,
+    "perf/throughput": 2547.0,
+    "perf/mfu/actor": 0.31,
+    "perf/max_memory_allocated_gb": 61.2,
     "perf/max_memory_reserved_gb": 70.4,
     **{f"gpu/{rank}/utilization": 90.0 + rank for rank in range(8)},
     **{f"gpu/{rank}/memory_used_gb": 70.0 + rank / 10 for rank in range(8)},
@@ -67,8 +89,12 @@ def dashboards() -> dict[str, dict[str, Any]]:
 
 
 def panel_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(f"{p['title']} [{t['refId']}]", t["expr"]) for p in dashboard["panels"] if p["type"] != "row"
-            for t in p["targets"]]
+    return [
+        (f"{p['title']} [{t['refId']}]", t["expr"])
+        for p in dashboard["panels"]
+        if p["type"] != "row"
+        for t in p["targets"]
+    ]
 
 
 def substitute(expr: str, variables: dict[str, str]) -> str:
@@ -171,10 +197,21 @@ def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kuberl.operator", "--namespace", namespace, f"--metrics-port={port}",
-             f"--health-port={health}", "--resync-seconds=1"],
-            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}, stdout=out, stderr=subprocess.STDOUT,
-            cwd=REPO)
+            [
+                sys.executable,
+                "-m",
+                "kuberl.operator",
+                "--namespace",
+                namespace,
+                f"--metrics-port={port}",
+                f"--health-port={health}",
+                "--resync-seconds=1",
+            ],
+            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
     try:
         wait_http(f"http://127.0.0.1:{port}/metrics", proc=proc, log=log)
         wait_http(f"http://127.0.0.1:{health}/healthz", proc=proc, log=log)
@@ -208,24 +245,55 @@ def trainer_sink() -> Iterator[str]:
     sink.close()
 
 
-def scrape_jobs(operator: str, trainer: str, exporters: dict[str, str], *, dcgm_honor_labels: bool,
-                trainer_labels: dict[str, str]) -> list[ScrapeJob]:
+def scrape_jobs(
+    operator: str, trainer: str, exporters: dict[str, str], *, dcgm_honor_labels: bool, trainer_labels: dict[str, str]
+) -> list[ScrapeJob]:
     return [
         # ServiceMonitor kuberl-operator -> Service kuberl-metrics, port metrics
-        ScrapeJob("kuberl-metrics", [operator], labels={
-            "namespace": OPERATOR_NAMESPACE, "service": "kuberl-metrics", "endpoint": "metrics",
-            "pod": "kuberl-6c9f8d7b5-x2kqp", "container": "operator"}),
+        ScrapeJob(
+            "kuberl-metrics",
+            [operator],
+            labels={
+                "namespace": OPERATOR_NAMESPACE,
+                "service": "kuberl-metrics",
+                "endpoint": "metrics",
+                "pod": "kuberl-6c9f8d7b5-x2kqp",
+                "container": "operator",
+            },
+        ),
         # PodMonitor kuberl-rljobs, endpoint trainer-metrics (honorLabels) on the head pod
-        ScrapeJob("kuberl-system/kuberl-rljobs", [trainer], honor_labels=True, labels={
-            "endpoint": "trainer-metrics", "container": "ray-head", **trainer_labels}),
+        ScrapeJob(
+            "kuberl-system/kuberl-rljobs",
+            [trainer],
+            honor_labels=True,
+            labels={"endpoint": "trainer-metrics", "container": "ray-head", **trainer_labels},
+        ),
         # PodMonitor kuberl-rljobs, endpoint metrics (Ray) on the trainer worker pod
-        ScrapeJob("kuberl-system/kuberl-rljobs-ray", [exporters["ray"]], labels={
-            "namespace": JOB_NAMESPACE, "pod": WORKER_POD, "container": "ray-worker", "endpoint": "metrics",
-            "rljob": JOB, "ray_io_cluster": "gsm8k-grpo-7xk2p"}),
+        ScrapeJob(
+            "kuberl-system/kuberl-rljobs-ray",
+            [exporters["ray"]],
+            labels={
+                "namespace": JOB_NAMESPACE,
+                "pod": WORKER_POD,
+                "container": "ray-worker",
+                "endpoint": "metrics",
+                "rljob": JOB,
+                "ray_io_cluster": "gsm8k-grpo-7xk2p",
+            },
+        ),
         # the GPU operator's dcgm-exporter ServiceMonitor; its own pod's labels become exported_* without honorLabels
-        ScrapeJob("gpu-operator/nvidia-dcgm-exporter", [exporters["dcgm"]], honor_labels=dcgm_honor_labels, labels={
-            "namespace": "gpu-operator", "pod": "nvidia-dcgm-exporter-8wq4n", "service": "nvidia-dcgm-exporter",
-            "container": "nvidia-dcgm-exporter", "endpoint": "gpu-metrics"}),
+        ScrapeJob(
+            "gpu-operator/nvidia-dcgm-exporter",
+            [exporters["dcgm"]],
+            honor_labels=dcgm_honor_labels,
+            labels={
+                "namespace": "gpu-operator",
+                "pod": "nvidia-dcgm-exporter-8wq4n",
+                "service": "nvidia-dcgm-exporter",
+                "container": "nvidia-dcgm-exporter",
+                "endpoint": "gpu-metrics",
+            },
+        ),
     ]
 
 
@@ -237,10 +305,16 @@ def variables_for(name: str, namespace: str, rljob: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("dcgm_honor_labels", [True, False], ids=["dcgm-honor-labels", "dcgm-exported-labels"])
-def test_every_dashboard_query_returns_data(prometheus_bin: Path, operator: str, trainer_sink: str,
-                                            exporters: dict[str, str], dcgm_honor_labels: bool):
-    jobs = scrape_jobs(operator, trainer_sink, exporters, dcgm_honor_labels=dcgm_honor_labels,
-                       trainer_labels={"namespace": JOB_NAMESPACE, "pod": HEAD_POD, "rljob": JOB})
+def test_every_dashboard_query_returns_data(
+    prometheus_bin: Path, operator: str, trainer_sink: str, exporters: dict[str, str], dcgm_honor_labels: bool
+):
+    jobs = scrape_jobs(
+        operator,
+        trainer_sink,
+        exporters,
+        dcgm_honor_labels=dcgm_honor_labels,
+        trainer_labels={"namespace": JOB_NAMESPACE, "pod": HEAD_POD, "rljob": JOB},
+    )
     with Prometheus(jobs, binary=prometheus_bin) as prom:
         prom.wait_for_targets(scrapes=3)
         assert prom.wait_for("kuberl_operator_reconcile_errors_total"), "the operator counted no reconcile error"
@@ -261,11 +335,17 @@ def test_every_dashboard_query_returns_data(prometheus_bin: Path, operator: str,
         assert evaluated >= 60  # 50 panel queries + the branches of their fallback chains
 
 
-def test_gpu_panels_count_only_the_rljobs_gpus(prometheus_bin: Path, operator: str, trainer_sink: str,
-                                               exporters: dict[str, str]):
+def test_gpu_panels_count_only_the_rljobs_gpus(
+    prometheus_bin: Path, operator: str, trainer_sink: str, exporters: dict[str, str]
+):
     """DCGM's 10 GPUs: 8 in the RLJob's worker pod; another team's GPU and the unassigned one are not the job's."""
-    jobs = scrape_jobs(operator, trainer_sink, exporters, dcgm_honor_labels=False,
-                       trainer_labels={"namespace": JOB_NAMESPACE, "pod": HEAD_POD, "rljob": JOB})
+    jobs = scrape_jobs(
+        operator,
+        trainer_sink,
+        exporters,
+        dcgm_honor_labels=False,
+        trainer_labels={"namespace": JOB_NAMESPACE, "pod": HEAD_POD, "rljob": JOB},
+    )
     gpu = dashboards()["gpu"]
     by_title = {p["title"]: p for p in gpu["panels"]}
     variables = variables_for("gpu", JOB_NAMESPACE, JOB)
@@ -274,7 +354,9 @@ def test_gpu_panels_count_only_the_rljobs_gpus(prometheus_bin: Path, operator: s
         (in_use,) = query(prom, substitute(by_title["GPUs in use"]["targets"][0]["expr"], variables))
         assert in_use["metric"] == {"rljob": JOB} and float(in_use["value"][1]) == 8
         per_gpu = query(prom, substitute(by_title["GPU utilization"]["targets"][0]["expr"], variables))
-        assert sorted((s["metric"]["pod"], s["metric"]["gpu"]) for s in per_gpu) == [(WORKER_POD, str(i)) for i in range(8)]
+        assert sorted((s["metric"]["pod"], s["metric"]["gpu"]) for s in per_gpu) == [
+            (WORKER_POD, str(i)) for i in range(8)
+        ]
         memory = query(prom, substitute(by_title["GPU memory used"]["targets"][0]["expr"], variables))
         assert all(60 * 2**30 < float(s["value"][1]) < 80 * 2**30 for s in memory)  # MiB -> bytes
 
@@ -283,8 +365,9 @@ SKIP_ON_CPU = ("GPU", "NVLink", "Tensor", "Temperature", "Power", "XID", "Traine
 
 
 @pytest.mark.slow
-def test_a_real_cpu_training_run_feeds_the_training_dashboard(prometheus_bin: Path, operator: str,
-                                                              exporters: dict[str, str], tmp_path: Path):
+def test_a_real_cpu_training_run_feeds_the_training_dashboard(
+    prometheus_bin: Path, operator: str, exporters: dict[str, str], tmp_path: Path
+):
     """`kuberl run` of examples/tiny-cpu.yaml (both KL forms, an MFU peak) scraped while it trains.
 
     The run is given far more steps than the test needs and is interrupted (Ctrl-C) once the dashboard has been
@@ -293,8 +376,14 @@ def test_a_real_cpu_training_run_feeds_the_training_dashboard(prometheus_bin: Pa
     port = free_port()
     rljob = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
     spec = rljob["spec"]
-    spec["trainer"] |= {"totalSteps": 10_000, "testFreq": -1, "saveFreq": -1, "valBeforeTrain": False,
-                        "metricsPort": port, "checkpointDir": str(tmp_path / "checkpoints")}
+    spec["trainer"] |= {
+        "totalSteps": 10_000,
+        "testFreq": -1,
+        "saveFreq": -1,
+        "valBeforeTrain": False,
+        "metricsPort": port,
+        "checkpointDir": str(tmp_path / "checkpoints"),
+    }
     spec["algorithm"]["kl"] = {"inReward": True, "coef": 0.01, "loss": {"enabled": True, "coef": 0.01}}
     spec["data"]["trainFiles"] = [str(REPO / f) for f in spec["data"]["trainFiles"]]
     spec["data"]["valFiles"] = [str(REPO / f) for f in spec["data"]["valFiles"]]
@@ -302,12 +391,21 @@ def test_a_real_cpu_training_run_feeds_the_training_dashboard(prometheus_bin: Pa
     log = tmp_path / "run.log"
     kuberl = Path(sys.executable).with_name("kuberl")
     with open(log, "wb") as out:
-        run = subprocess.Popen([str(kuberl), "run", str(tmp_path / "rljob.yaml"), "--run-dir", str(tmp_path / "run"),
-                                "--no-progress"], stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
-                               env={**os.environ, "KUBERL_PEAK_FLOPS": "1e11"})
+        run = subprocess.Popen(
+            [str(kuberl), "run", str(tmp_path / "rljob.yaml"), "--run-dir", str(tmp_path / "run"), "--no-progress"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            env={**os.environ, "KUBERL_PEAK_FLOPS": "1e11"},
+        )
     name = rljob["metadata"]["name"]
-    jobs = scrape_jobs(operator, f"127.0.0.1:{port}", exporters, dcgm_honor_labels=True,
-                       trainer_labels={"pod": f"{name}-head", "rljob": name})
+    jobs = scrape_jobs(
+        operator,
+        f"127.0.0.1:{port}",
+        exporters,
+        dcgm_honor_labels=True,
+        trainer_labels={"pod": f"{name}-head", "rljob": name},
+    )
     try:
         with Prometheus(jobs, binary=prometheus_bin) as prom:
             deadline = time.monotonic() + 600

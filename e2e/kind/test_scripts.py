@@ -65,8 +65,12 @@ def test_shellcheck_is_clean() -> None:
         if in_ci():
             pytest.fail("shellcheck not installed (CI=true: apt-get install -y shellcheck)", pytrace=False)
         pytest.skip("shellcheck not installed: apt-get install -y shellcheck")
-    result = subprocess.run(["shellcheck", "-x", *(str(p.relative_to(REPO_ROOT)) for p in SCRIPTS)],
-                            cwd=REPO_ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        ["shellcheck", "-x", *(str(p.relative_to(REPO_ROOT)) for p in SCRIPTS)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -136,9 +140,24 @@ def test_the_data_fits_in_a_configmap() -> None:
 
 def test_kubectl_applies_the_patch_the_same_way(kube_tools: Tools) -> None:
     require_tools(kube_tools, ["kubectl"])
-    result = subprocess.run([str(kube_tools.path("kubectl")), "patch", "--local", "-f", str(EXAMPLE), "--type", "merge",
-                             "--patch-file", str(PATCH), "-o", "yaml"],
-                            capture_output=True, text=True, env={"KUBECONFIG": "/nonexistent", "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [
+            str(kube_tools.path("kubectl")),
+            "patch",
+            "--local",
+            "-f",
+            str(EXAMPLE),
+            "--type",
+            "merge",
+            "--patch-file",
+            str(PATCH),
+            "-o",
+            "yaml",
+        ],
+        capture_output=True,
+        text=True,
+        env={"KUBECONFIG": "/nonexistent", "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(result.stdout) == kind_rljob()
 

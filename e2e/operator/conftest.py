@@ -36,8 +36,12 @@ def sim(kube) -> KubeRaySim:
 @pytest.fixture
 def operator(cluster: Cluster, rljob_crd: dict, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
     """`python -m kuberl.operator --namespace <the test's namespace>` as admin; its log is printed on teardown."""
-    proc = OperatorProcess(kubeconfig=cluster.kubeconfig, log_dir=tmp_path / "operator", namespaces=(namespace,),
-                           extra_args=("--resync-seconds", "5"))
+    proc = OperatorProcess(
+        kubeconfig=cluster.kubeconfig,
+        log_dir=tmp_path / "operator",
+        namespaces=(namespace,),
+        extra_args=("--resync-seconds", "5"),
+    )
     proc.start()
     try:
         yield proc

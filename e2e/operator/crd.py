@@ -11,8 +11,9 @@ from e2e.harness import Cluster, rljob_crd_file
 
 
 def generated_crd() -> dict[str, Any]:
-    return next(d for d in yaml.safe_load_all(rljob_crd_file().read_text())
-                if d and d.get("kind") == "CustomResourceDefinition")
+    return next(
+        d for d in yaml.safe_load_all(rljob_crd_file().read_text()) if d and d.get("kind") == "CustomResourceDefinition"
+    )
 
 
 def apply_json(cluster: Cluster, doc: dict[str, Any], *args: str) -> None:

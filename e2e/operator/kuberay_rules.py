@@ -23,7 +23,9 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_RAYJOB_NAME = 47
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+QUALIFIED_NAME = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 SUBMISSION_MODES = ("K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode")
 
@@ -40,7 +42,11 @@ def strictify(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {k: strictify(v) for k, v in schema.items()}
-    if "properties" in out and not out.get("x-kubernetes-preserve-unknown-fields") and "additionalProperties" not in out:
+    if (
+        "properties" in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+        and "additionalProperties" not in out
+    ):
         out["additionalProperties"] = False
     return out
 
@@ -117,7 +123,9 @@ def kuberay_checks(rayjob: dict[str, Any]) -> list[str]:
     if mode == "SidecarMode":
         if spec.get("submitterPodTemplate") or spec.get("submitterConfig"):
             errors.append("SidecarMode doesn't support submitterPodTemplate / submitterConfig")
-        head_policy = (((cluster or {}).get("headGroupSpec") or {}).get("template") or {}).get("spec", {}).get("restartPolicy")
+        head_policy = (
+            (((cluster or {}).get("headGroupSpec") or {}).get("template") or {}).get("spec", {}).get("restartPolicy")
+        )
         if head_policy not in (None, "", "Never"):
             errors.append("restartPolicy for head Pod should be Never or unset when using SidecarMode")
     deadline = spec.get("activeDeadlineSeconds")

@@ -14,8 +14,10 @@ def rljob(name: str, **spec_changes: Any) -> dict[str, Any]:
         "data": {"trainFiles": ["/data/train.parquet"], "maxPromptLength": 64, "maxResponseLength": 8},
         "batch": {"trainBatchSize": 8, "rolloutN": 4, "ppoMiniBatchSize": 4, "ppoMicroBatchSizePerGPU": 4},
         "rollout": {"engine": "hf"},
-        "cluster": {"device": "cpu", "trainer": {"nodes": 1, "gpusPerNode": 2, "cpu": "2", "memory": "4Gi",
-                                                 "sharedMemory": "1Gi"}},
+        "cluster": {
+            "device": "cpu",
+            "trainer": {"nodes": 1, "gpusPerNode": 2, "cpu": "2", "memory": "4Gi", "sharedMemory": "1Gi"},
+        },
     }
     for path, value in spec_changes.items():
         target = spec

@@ -35,9 +35,20 @@ class OperatorProcess:
         return self.log_dir / f"operator-{self.starts}.log"
 
     def command(self) -> list[str]:
-        scope = ["--all-namespaces"] if self.all_namespaces else [a for ns in self.namespaces for a in ("--namespace", ns)]
-        return [sys.executable, "-m", "kuberl.operator", *scope, "--metrics-port", str(self.metrics_port),
-                "--health-port", str(self.health_port), *self.extra_args]
+        scope = (
+            ["--all-namespaces"] if self.all_namespaces else [a for ns in self.namespaces for a in ("--namespace", ns)]
+        )
+        return [
+            sys.executable,
+            "-m",
+            "kuberl.operator",
+            *scope,
+            "--metrics-port",
+            str(self.metrics_port),
+            "--health-port",
+            str(self.health_port),
+            *self.extra_args,
+        ]
 
     def start(self, wait_ready: bool = True, timeout: float = 30) -> OperatorProcess:
         self.starts += 1

@@ -65,8 +65,9 @@ class Kube:
         return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
 
     def patch_rljob(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, patch,
-                                                          _content_type="application/merge-patch+json")
+        return self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, self.ns, PLURAL, name, patch, _content_type="application/merge-patch+json"
+        )
 
     def rayjob(self, name: str) -> dict[str, Any]:
         return self.custom.get_namespaced_custom_object("ray.io", "v1", self.ns, "rayjobs", name)
@@ -86,15 +87,18 @@ class Kube:
         return (self.rljob(name).get("status") or {}).get("phase")
 
     def wait_phase(self, name: str, phase: str, timeout: float = 30) -> dict[str, Any]:
-        return wait_until(f"RLJob {name} phase {phase}",
-                          lambda: (obj := self.rljob(name)) and (obj.get("status") or {}).get("phase") == phase and obj,
-                          timeout)
+        return wait_until(
+            f"RLJob {name} phase {phase}",
+            lambda: (obj := self.rljob(name)) and (obj.get("status") or {}).get("phase") == phase and obj,
+            timeout,
+        )
 
     def wait_events(self, name: str, reasons: list[str], timeout: float = 30) -> list[client.CoreV1Event]:
         def have() -> list | None:
             events = self.events(name)
             seen = {e.reason for e in events}
             return events if set(reasons) <= seen else None
+
         return wait_until(f"events {reasons} on {name}", have, timeout)
 
 
@@ -210,7 +214,7 @@ def test_retries_show_as_restarting_and_count_restarts(operator: OperatorProcess
     running = k.wait_phase("flaky", "Running")
     assert running["status"]["restarts"] == 1
     k.wait_events("flaky", ["Restarting"])
-    assert 'kuberl_operator_restarts_total 1.0' in operator.metrics()
+    assert "kuberl_operator_restarts_total 1.0" in operator.metrics()
 
 
 def test_validation_failed_rayjob_fails_the_rljob(operator: OperatorProcess, k: Kube, sim: KubeRaySim) -> None:
@@ -234,8 +238,14 @@ def test_suspend_toggles_the_rayjob_and_the_status_follows(operator: OperatorPro
     k.patch_rljob("pause", {"spec": {"runPolicy": {"suspend": True}}})
     wait_until("RayJob suspend=true", lambda: k.rayjob("pause")["spec"]["suspend"] is True)
     sim.follow_suspend(k.ns, "pause")
-    suspended = wait_until("Suspended by KubeRay", lambda: (o := k.rljob("pause")).get("status", {}).get("phase")
-                           == "Suspended" and condition(o, "Suspended")["reason"] == "Suspended" and o)
+    suspended = wait_until(
+        "Suspended by KubeRay",
+        lambda: (
+            (o := k.rljob("pause")).get("status", {}).get("phase") == "Suspended"
+            and condition(o, "Suspended")["reason"] == "Suspended"
+            and o
+        ),
+    )
     assert condition(suspended, "Suspended")["status"] == "True"
     assert condition(suspended, "Running")["status"] == "False"
     assert "rayClusterName" not in suspended["status"]
@@ -265,7 +275,9 @@ def test_suspended_job_gets_the_new_template_on_resume(operator: OperatorProcess
     sim.wait_for(k.ns, "retpl")
     sim.follow_suspend(k.ns, "retpl")
     k.wait_phase("retpl", "Suspended")
-    k.patch_rljob("retpl", {"spec": {"cluster": {"image": "registry.example/kuberl:2"}, "runPolicy": {"suspend": False}}})
+    k.patch_rljob(
+        "retpl", {"spec": {"cluster": {"image": "registry.example/kuberl:2"}, "runPolicy": {"suspend": False}}}
+    )
 
     def updated() -> bool:
         rj = k.rayjob("retpl")
@@ -297,7 +309,8 @@ def crd_without_cel(cluster: Cluster, rljob_crd: dict):
 
 
 def test_invalid_rljob_past_admission_fails_with_the_rules_message(
-        crd_without_cel: None, operator: OperatorProcess, k: Kube) -> None:
+    crd_without_cel: None, operator: OperatorProcess, k: Kube
+) -> None:
     doc = rljob("invalid", **{"batch.trainBatchSize": 9, "batch.ppoMiniBatchSize": 3})  # 9 × 4 responses on 2 ranks: ok
     doc["spec"]["cluster"]["trainer"]["gpusPerNode"] = 8  # 36 responses are not divisible by 8 ranks
     issues = validate_document(doc)
@@ -341,7 +354,8 @@ def test_spec_the_operator_cannot_render_fails_without_a_rayjob(operator: Operat
 
 
 def test_operator_killed_repeatedly_mid_reconcile_makes_exactly_one_rayjob_each(
-        operator: OperatorProcess, k: Kube) -> None:
+    operator: OperatorProcess, k: Kube
+) -> None:
     names = [f"crash-{i}" for i in range(6)]
     rng = random.Random(4)
     for name in names:
@@ -362,13 +376,19 @@ def test_operator_killed_repeatedly_mid_reconcile_makes_exactly_one_rayjob_each(
     assert len(k.rayjobs()) == len(names)
     # no kopf bookkeeping left half-done, and nothing of it in .status
     for name in names:
-        wait_until(f"{name} handled", lambda n=name: not [a for a in k.rljob(n)["metadata"].get("annotations", {})
-                                                           if a.startswith("kuberl.io/rljob_")], timeout=30)
+        wait_until(
+            f"{name} handled",
+            lambda n=name: (
+                not [a for a in k.rljob(n)["metadata"].get("annotations", {}) if a.startswith("kuberl.io/rljob_")]
+            ),
+            timeout=30,
+        )
         assert "kopf" not in k.rljob(name)["status"]
 
 
 def test_status_written_while_the_operator_was_down_is_caught_up(
-        operator: OperatorProcess, k: Kube, sim: KubeRaySim) -> None:
+    operator: OperatorProcess, k: Kube, sim: KubeRaySim
+) -> None:
     k.create_rljob(rljob("catchup"))
     sim.wait_for(k.ns, "catchup")
     k.wait_phase("catchup", "Pending")
@@ -385,8 +405,14 @@ def test_trainer_progress_survives_operator_status_writes(operator: OperatorProc
     sim.running(k.ns, "prog")
     k.wait_phase("prog", "Running")
     k.custom.patch_namespaced_custom_object_status(
-        GROUP, VERSION, k.ns, PLURAL, "prog", {"status": {"progress": {"step": 3, "totalSteps": 10, "rewardMean": 0.5}}},
-        _content_type="application/merge-patch+json")
+        GROUP,
+        VERSION,
+        k.ns,
+        PLURAL,
+        "prog",
+        {"status": {"progress": {"step": 3, "totalSteps": 10, "rewardMean": 0.5}}},
+        _content_type="application/merge-patch+json",
+    )
     sim.complete(k.ns, "prog")
     done = k.wait_phase("prog", "Succeeded")
     assert done["status"]["progress"]["step"] == 3
@@ -428,13 +454,25 @@ def test_recreated_rljob_of_the_same_name_gets_its_own_rayjob(operator: Operator
     first = k.create_rljob(rljob("again"))
     wait_until("RayJob", lambda: k.rayjob("again"))
     k.custom.delete_namespaced_custom_object(GROUP, VERSION, k.ns, PLURAL, "again")
-    wait_until("RLJob gone", lambda: not [o for o in k.custom.list_namespaced_custom_object(
-        GROUP, VERSION, k.ns, PLURAL)["items"] if o["metadata"]["name"] == "again"] or None)
+    wait_until(
+        "RLJob gone",
+        lambda: (
+            not [
+                o
+                for o in k.custom.list_namespaced_custom_object(GROUP, VERSION, k.ns, PLURAL)["items"]
+                if o["metadata"]["name"] == "again"
+            ]
+            or None
+        ),
+    )
     second = k.create_rljob(rljob("again"))
     assert second["metadata"]["uid"] != first["metadata"]["uid"]
     # the garbage collector removes the old children first; it may need a discovery round (30 s) for a new CRD
-    rayjob = wait_until("the new RayJob", lambda: (r := k.rayjob("again"))["metadata"]["ownerReferences"][0]["uid"]
-                        == second["metadata"]["uid"] and r, timeout=300)
+    rayjob = wait_until(
+        "the new RayJob",
+        lambda: (r := k.rayjob("again"))["metadata"]["ownerReferences"][0]["uid"] == second["metadata"]["uid"] and r,
+        timeout=300,
+    )
     assert rayjob
     k.wait_phase("again", "Pending", timeout=30)
 
@@ -454,12 +492,21 @@ def test_metrics_and_health_endpoints(operator: OperatorProcess, k: Kube, sim: K
     assert operator.healthz()
 
 
-def test_operator_runs_with_exactly_the_documented_rbac(cluster: Cluster, namespace: str, k: Kube, sim: KubeRaySim,
-                                                        tmp_path) -> None:
+def test_operator_runs_with_exactly_the_documented_rbac(
+    cluster: Cluster, namespace: str, k: Kube, sim: KubeRaySim, tmp_path
+) -> None:
     """The `limited` user gets only rbac.OPERATOR_RULES in the namespace; the whole create → status cycle works."""
-    cluster.apply([rbac.role("kuberl-operator", namespace, rbac.OPERATOR_RULES),
-                   rbac.binding("kuberl-operator", namespace, "kuberl-operator",
-                                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "limited"})])
+    cluster.apply(
+        [
+            rbac.role("kuberl-operator", namespace, rbac.OPERATOR_RULES),
+            rbac.binding(
+                "kuberl-operator",
+                namespace,
+                "kuberl-operator",
+                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "limited"},
+            ),
+        ]
+    )
     proc = OperatorProcess(kubeconfig=cluster.limited_kubeconfig, log_dir=tmp_path / "op", namespaces=(namespace,))
     proc.start()
     try:

@@ -72,9 +72,17 @@ def test_update_with_a_stale_resource_version_is_a_409_conflict(cluster: Cluster
 def test_garbage_collector_deletes_owned_objects(cluster: Cluster, namespace: str):
     cluster.create(_configmap("owner"), namespace=namespace)
     owner = cluster.get("configmap", "owner", namespace)
-    owned = _configmap("owned", ownerReferences=[{
-        "apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner["metadata"]["uid"],
-    }])
+    owned = _configmap(
+        "owned",
+        ownerReferences=[
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "name": "owner",
+                "uid": owner["metadata"]["uid"],
+            }
+        ],
+    )
     cluster.create(owned, namespace=namespace)
     cluster.kubectl("delete", "configmap", "owner", "-n", namespace)
     deadline = time.monotonic() + 30

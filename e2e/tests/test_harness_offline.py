@@ -17,8 +17,9 @@ def test_tools_sh_env_and_the_harness_agree_on_every_tool_path(monkeypatch: pyte
     monkeypatch.setenv("KUBERL_TOOLS_DIR", str(tmp_path))
     for tool in ALL_TOOLS:
         monkeypatch.delenv("KUBERL_" + tool.replace("-", "_").upper(), raising=False)
-    out = subprocess.run(["bash", str(REPO_ROOT / "e2e" / "tools.sh"), "env"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["bash", str(REPO_ROOT / "e2e" / "tools.sh"), "env"], capture_output=True, text=True, check=True
+    ).stdout
     printed = dict(line.split("=", 1) for line in out.splitlines())
     tools = Tools.from_env()
     for tool in ALL_TOOLS:
@@ -38,10 +39,13 @@ def test_a_tool_override_wins(monkeypatch: pytest.MonkeyPatch):
     assert str(Tools.from_env().path("kubectl")) == "/usr/local/bin/kubectl"
 
 
-@pytest.mark.parametrize("nodeid", [
-    "e2e/tests/test_x.py::test_short",
-    "e2e/tests/test_x.py::test_" + "a_very_long_name" * 10 + "[Param-With_UPPER/and.dots]",
-])
+@pytest.mark.parametrize(
+    "nodeid",
+    [
+        "e2e/tests/test_x.py::test_short",
+        "e2e/tests/test_x.py::test_" + "a_very_long_name" * 10 + "[Param-With_UPPER/and.dots]",
+    ],
+)
 def test_namespace_names_are_dns_labels(nodeid: str):
     name = _namespace_name(nodeid)
     assert len(name) <= 63

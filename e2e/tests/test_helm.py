@@ -13,7 +13,8 @@ def _chart(root: Path) -> Path:
     (chart / "templates").mkdir(parents=True)
     (chart / "Chart.yaml").write_text("apiVersion: v2\nname: smoke\nversion: 0.1.0\nkubeVersion: '>=1.30.0-0'\n")
     (chart / "values.yaml").write_text("greeting: hello\n")
-    (chart / "templates" / "configmap.yaml").write_text(textwrap.dedent("""\
+    (chart / "templates" / "configmap.yaml").write_text(
+        textwrap.dedent("""\
         apiVersion: v1
         kind: ConfigMap
         metadata:
@@ -21,7 +22,8 @@ def _chart(root: Path) -> Path:
         data:
           greeting: {{ .Values.greeting | quote }}
           kube: {{ .Capabilities.KubeVersion.Version | quote }}
-        """))
+        """)
+    )
     return chart
 
 

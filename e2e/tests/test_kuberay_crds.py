@@ -19,8 +19,11 @@ KUBERAY_CRDS = ("rayjobs.ray.io", "rayclusters.ray.io")
 
 def rayjob(name: str = "sample") -> dict:
     """A minimal RayJob as the operator would render one: head without GPUs, one worker group."""
-    pod = {"containers": [{"name": "ray", "image": "rayproject/ray:2.60.0",
-                           "resources": {"limits": {"cpu": "1", "memory": "2Gi"}}}]}
+    pod = {
+        "containers": [
+            {"name": "ray", "image": "rayproject/ray:2.60.0", "resources": {"limits": {"cpu": "1", "memory": "2Gi"}}}
+        ]
+    }
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",
@@ -32,10 +35,16 @@ def rayjob(name: str = "sample") -> dict:
             "rayClusterSpec": {
                 "rayVersion": "2.60.0",
                 "headGroupSpec": {"rayStartParams": {}, "template": {"spec": copy.deepcopy(pod)}},
-                "workerGroupSpecs": [{
-                    "groupName": "trainer", "replicas": 1, "minReplicas": 1, "maxReplicas": 1,
-                    "rayStartParams": {}, "template": {"spec": copy.deepcopy(pod)},
-                }],
+                "workerGroupSpecs": [
+                    {
+                        "groupName": "trainer",
+                        "replicas": 1,
+                        "minReplicas": 1,
+                        "maxReplicas": 1,
+                        "rayStartParams": {},
+                        "template": {"spec": copy.deepcopy(pod)},
+                    }
+                ],
             },
         },
     }
@@ -44,8 +53,10 @@ def rayjob(name: str = "sample") -> dict:
 @pytest.fixture(autouse=True)
 def _kuberay_crds_present(cluster: Cluster):
     if not kuberay_crd_files():
-        missing_tool("KubeRay CRDs not found: expected ../shared/kuberay-crds/*.yaml beside the repository "
-                     "(or KUBERL_SHARED_DIR)")
+        missing_tool(
+            "KubeRay CRDs not found: expected ../shared/kuberay-crds/*.yaml beside the repository "
+            "(or KUBERL_SHARED_DIR)"
+        )
     refused = {str(p): e for p, e in cluster.crd_errors.items() if p in kuberay_crd_files()}
     assert not refused, refused
 
@@ -100,16 +111,26 @@ def test_schema_defaults_are_applied(cluster: Cluster, namespace: str):
 
 def test_status_written_through_the_main_resource_is_ignored(cluster: Cluster, namespace: str):
     cluster.create(rayjob(), namespace=namespace)
-    cluster.kubectl("patch", "rayjob", "sample", "-n", namespace, "--type=merge",
-                    "-p", '{"status": {"jobStatus": "RUNNING"}}')
+    cluster.kubectl(
+        "patch", "rayjob", "sample", "-n", namespace, "--type=merge", "-p", '{"status": {"jobStatus": "RUNNING"}}'
+    )
     assert "jobStatus" not in cluster.get("rayjob", "sample", namespace).get("status", {})
 
 
 def test_status_subresource_writes_status_without_bumping_generation(cluster: Cluster, namespace: str):
     cluster.create(rayjob(), namespace=namespace)
     before = cluster.get("rayjob", "sample", namespace)["metadata"]["generation"]
-    cluster.kubectl("patch", "rayjob", "sample", "-n", namespace, "--subresource=status", "--type=merge",
-                    "-p", '{"status": {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running", "bogus": 1}}')
+    cluster.kubectl(
+        "patch",
+        "rayjob",
+        "sample",
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        '{"status": {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running", "bogus": 1}}',
+    )
     after = cluster.get("rayjob", "sample", namespace)
     assert after["status"]["jobStatus"] == "RUNNING"
     assert "bogus" not in after["status"]  # status is pruned like spec
@@ -127,8 +148,17 @@ def test_managed_by_is_immutable_through_cel(cluster: Cluster, namespace: str):
     doc = rayjob()
     doc["spec"]["managedBy"] = "ray.io/kuberay-operator"
     cluster.create(doc, namespace=namespace)
-    result = cluster.kubectl("patch", "rayjob", "sample", "-n", namespace, "--type=merge",
-                             "-p", '{"spec": {"managedBy": "kueue.x-k8s.io/multikueue"}}', check=False)
+    result = cluster.kubectl(
+        "patch",
+        "rayjob",
+        "sample",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec": {"managedBy": "kueue.x-k8s.io/multikueue"}}',
+        check=False,
+    )
     assert result.returncode != 0
     assert "spec.managedBy" in result.stderr
     assert "the managedBy field is immutable" in result.stderr

@@ -44,8 +44,9 @@ COST_HINT = (
 
 
 def _crd() -> dict:
-    return next(d for d in yaml.safe_load_all(rljob_crd_file().read_text())
-                if d and d.get("kind") == "CustomResourceDefinition")
+    return next(
+        d for d in yaml.safe_load_all(rljob_crd_file().read_text()) if d and d.get("kind") == "CustomResourceDefinition"
+    )
 
 
 @pytest.fixture
@@ -72,8 +73,13 @@ def _invalid_cases() -> list:
     try:
         from tests.api.cases import INVALID_CASES
     except ImportError as exc:
-        return [pytest.param(None, id="no-cases", marks=pytest.mark.skip(
-            reason=f"tests.api.cases.INVALID_CASES not importable yet ({exc})"))]
+        return [
+            pytest.param(
+                None,
+                id="no-cases",
+                marks=pytest.mark.skip(reason=f"tests.api.cases.INVALID_CASES not importable yet ({exc})"),
+            )
+        ]
     return [pytest.param(case, id=case.name) for case in INVALID_CASES]
 
 
@@ -84,7 +90,9 @@ def test_rljob_crd_is_accepted_and_established(cluster: Cluster):
     hint = COST_HINT if "messageExpression cost exceeds budget" in refusal else ""
     assert not refusal, f"the apiserver refused crds/rljob.yaml:{hint}\n" + refusal.replace("\n* ", "\n  * ")[:6000]
     rljob_crd = _crd()
-    conditions = {c["type"]: c["status"] for c in cluster.get("crd", rljob_crd["metadata"]["name"])["status"]["conditions"]}
+    conditions = {
+        c["type"]: c["status"] for c in cluster.get("crd", rljob_crd["metadata"]["name"])["status"]["conditions"]
+    }
     assert conditions == {**conditions, "Established": "True", "NamesAccepted": "True"}
 
 
@@ -93,8 +101,11 @@ def test_rljob_crd_has_a_status_subresource(cluster: Cluster, rljob_crd: dict):
     assert all("status" in v.get("subresources", {}) for v in served["spec"]["versions"] if v["served"])
 
 
-@pytest.mark.parametrize("example", EXAMPLES or [pytest.param(None, marks=pytest.mark.skip(
-    reason="no examples/*.yaml yet"))], ids=lambda p: p.name if p else "none")
+@pytest.mark.parametrize(
+    "example",
+    EXAMPLES or [pytest.param(None, marks=pytest.mark.skip(reason="no examples/*.yaml yet"))],
+    ids=lambda p: p.name if p else "none",
+)
 def test_example_is_admitted_under_strict_server_side_validation(
     cluster: Cluster, rljob_crd: dict, dry_run_namespace: str, example: Path
 ):
@@ -129,4 +140,5 @@ def test_invalid_case_is_refused_with_the_validator_message(
     # A schema-level refusal (minimum, enum, ...) is worded by the apiserver: it must name the field.
     assert _field_named(server, case.field) and SCHEMA_REFUSAL.search(server), (
         f"{case.name}: the server's refusal carries neither the validator's message nor a schema error on "
-        f"{case.field}\n  python: {[i.message for i in on_field]}\n  server: {server.strip()}")
+        f"{case.field}\n  python: {[i.message for i in on_field]}\n  server: {server.strip()}"
+    )

@@ -81,7 +81,10 @@ def refused_fields(document: dict[str, Any]) -> dict[str, str]:
             errors[path] = error.message
     if errors:
         return errors
-    scopes = [("", schema, {"metadata": {"name": doc["metadata"]["name"]}, **doc}), ("spec", schema["properties"]["spec"], doc["spec"])]
+    scopes = [
+        ("", schema, {"metadata": {"name": doc["metadata"]["name"]}, **doc}),
+        ("spec", schema["properties"]["spec"], doc["spec"]),
+    ]
     for prefix, node, value in scopes:
         for rule in node.get("x-kubernetes-validations", []):
             if "oldSelf" in rule["rule"]:

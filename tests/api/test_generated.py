@@ -52,7 +52,9 @@ def test_every_string_list_and_map_in_spec_is_bounded() -> None:
 
 
 def test_every_number_in_spec_has_a_range() -> None:
-    missing = [p for p, node in _nodes(_spec_schema()) if node.get("type") in ("integer", "number") and "maximum" not in node]
+    missing = [
+        p for p, node in _nodes(_spec_schema()) if node.get("type") in ("integer", "number") and "maximum" not in node
+    ]
     assert missing == []
 
 

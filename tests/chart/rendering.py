@@ -35,8 +35,12 @@ class HelmFailed(AssertionError):
 
 def helm_env(home: Path) -> dict[str, str]:
     """helm with its config, cache and data under `home`: nothing read from or written to the user's ~/.config."""
-    return {**os.environ, "HELM_CONFIG_HOME": str(home / "config"), "HELM_CACHE_HOME": str(home / "cache"),
-            "HELM_DATA_HOME": str(home / "data")}
+    return {
+        **os.environ,
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
 
 
 def run_helm(helm: Path, home: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -94,7 +98,8 @@ def _kube_validator(kind: str, api_version: str) -> jsonschema.protocols.Validat
     definitions = json.loads((folder / "_definitions.json").read_text())
     # both files carry an $id (`/api/...`); their $refs point at `/api/_definitions.json#/$defs/...`
     registry = referencing.Registry().with_resources(
-        (res.id(), res) for res in map(referencing.Resource.from_contents, (schema, definitions)))
+        (res.id(), res) for res in map(referencing.Resource.from_contents, (schema, definitions))
+    )
     return jsonschema.Draft202012Validator(schema, registry=registry)
 
 

@@ -28,31 +28,44 @@ from tests.chart.rendering import (
 VALUE_SETS: dict[str, dict[str, Any] | None] = {
     "defaults": None,
     "namespaced": {"watchNamespaces": ["team-a", "team-b"]},
-    "monitors-on": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
-                                "podMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}}},
-    "monitors-on-namespaced": {"watchNamespaces": ["team-a"],
-                               "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True,
-                                                                                              "scrapeRay": False}}},
+    "monitors-on": {
+        "metrics": {
+            "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+            "podMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+        }
+    },
+    "monitors-on-namespaced": {
+        "watchNamespaces": ["team-a"],
+        "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True, "scrapeRay": False}},
+    },
     "dashboards-off": {"dashboards": {"enabled": False}},
     "rbac-off": {"rbac": {"create": False}, "trainer": {"serviceAccount": {"create": False}}},
     "customised": {
         "fullnameOverride": "rl-operator",
         "watchNamespaces": ["team-a"],
         "serviceAccount": {"create": False, "name": "platform-operator"},
-        "trainer": {"namespaces": ["team-a", "team-b"], "serviceAccount": {"name": "rl-trainer",
-                                                                             "annotations": {"team": "rl"}}},
-        "operator": {"image": {"repository": "registry.example.com/kuberl/operator", "tag": "0.1.0-rc1",
-                               "pullPolicy": "Always"},
-                     "imagePullSecrets": [{"name": "regcred"}], "extraArgs": ["--max-workers=4"],
-                     "env": [{"name": "KUBERL_LOG_FORMAT", "value": "json"}],
-                     "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
-                     "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
-                     "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
-                     "priorityClassName": "system-cluster-critical",
-                     "podAnnotations": {"example.com/owner": "platform"}, "podLabels": {"team": "platform"}},
+        "trainer": {
+            "namespaces": ["team-a", "team-b"],
+            "serviceAccount": {"name": "rl-trainer", "annotations": {"team": "rl"}},
+        },
+        "operator": {
+            "image": {"repository": "registry.example.com/kuberl/operator", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
+            "imagePullSecrets": [{"name": "regcred"}],
+            "extraArgs": ["--max-workers=4"],
+            "env": [{"name": "KUBERL_LOG_FORMAT", "value": "json"}],
+            "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+            "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
+            "priorityClassName": "system-cluster-critical",
+            "podAnnotations": {"example.com/owner": "platform"},
+            "podLabels": {"team": "platform"},
+        },
         "metrics": {"service": {"enabled": False}},
-        "dashboards": {"namespace": "monitoring", "labels": {"grafana_dashboard": "kuberl"},
-                       "annotations": {"grafana_folder": "kuberl"}},
+        "dashboards": {
+            "namespace": "monitoring",
+            "labels": {"grafana_dashboard": "kuberl"},
+            "annotations": {"grafana_folder": "kuberl"},
+        },
     },
 }
 
@@ -79,7 +92,11 @@ OPERATOR = {
     *{("", "configmaps", v) for v in ("get", "create", "patch")},
     ("", "events", "create"),
 }
-TRAINER = {("kuberl.io", "rljobs", "get"), ("kuberl.io", "rljobs/status", "get"), ("kuberl.io", "rljobs/status", "patch")}
+TRAINER = {
+    ("kuberl.io", "rljobs", "get"),
+    ("kuberl.io", "rljobs/status", "get"),
+    ("kuberl.io", "rljobs/status", "patch"),
+}
 
 
 # ---- helm itself ---------------------------------------------------------------------------------------------
@@ -103,11 +120,14 @@ def test_every_rendered_object_passes_its_schema(rendered, value_set: str):
 
 def test_chart_crd_is_byte_identical_to_the_generated_crd():
     assert (CHART / "crds" / "rljob.yaml").read_bytes() == (REPO / "crds" / "rljob.yaml").read_bytes(), (
-        "charts/kuberl/crds/rljob.yaml is stale: cp crds/rljob.yaml charts/kuberl/crds/rljob.yaml")
+        "charts/kuberl/crds/rljob.yaml is stale: cp crds/rljob.yaml charts/kuberl/crds/rljob.yaml"
+    )
 
 
 def test_rendered_crd_is_the_generated_crd(rendered):
-    assert one(rendered["defaults"], "CustomResourceDefinition") == yaml.safe_load((REPO / "crds" / "rljob.yaml").read_text())
+    assert one(rendered["defaults"], "CustomResourceDefinition") == yaml.safe_load(
+        (REPO / "crds" / "rljob.yaml").read_text()
+    )
 
 
 def test_chart_app_version_is_the_package_version():
@@ -199,12 +219,17 @@ def test_cluster_wide_mode_grants_exactly_the_operators_needs_in_one_cluster_rol
 def test_namespaced_mode_grants_a_role_per_namespace_and_nothing_cluster_wide(rendered):
     objects = rendered["namespaced"]
     assert not kinds(objects, "ClusterRole") and not kinds(objects, "ClusterRoleBinding")
-    roles = {r["metadata"]["namespace"]: r for r in kinds(objects, "Role") if r["metadata"]["name"] == "kuberl-operator"}
+    roles = {
+        r["metadata"]["namespace"]: r for r in kinds(objects, "Role") if r["metadata"]["name"] == "kuberl-operator"
+    }
     assert set(roles) == {"team-a", "team-b"}
     for role in roles.values():
         assert rule_set(role["rules"]) == OPERATOR
-    bindings = {b["metadata"]["namespace"]: b for b in kinds(objects, "RoleBinding")
-                if b["metadata"]["name"] == "kuberl-operator"}
+    bindings = {
+        b["metadata"]["namespace"]: b
+        for b in kinds(objects, "RoleBinding")
+        if b["metadata"]["name"] == "kuberl-operator"
+    }
     assert set(bindings) == {"team-a", "team-b"}
     for binding in bindings.values():
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kuberl", "namespace": RELEASE_NAMESPACE}]
@@ -243,7 +268,9 @@ def test_trainer_gets_its_service_account_and_role_in_the_release_namespace_by_d
 
 def test_trainer_namespaces_follow_watch_namespaces_unless_listed(rendered):
     def trainer_namespaces(objects):
-        return sorted(r["metadata"]["namespace"] for r in kinds(objects, "Role") if r["metadata"]["name"].endswith("-trainer"))
+        return sorted(
+            r["metadata"]["namespace"] for r in kinds(objects, "Role") if r["metadata"]["name"].endswith("-trainer")
+        )
 
     assert trainer_namespaces(rendered["namespaced"]) == ["team-a", "team-b"]
     assert trainer_namespaces(rendered["customised"]) == ["team-a", "team-b"]  # trainer.namespaces wins
@@ -298,7 +325,9 @@ def test_pod_monitor_scrapes_the_ports_the_operator_gives_ray_pods(rendered):
     for worker in templates[1:]:
         assert ray_endpoint["port"] in {p["name"] for c in worker["spec"]["containers"] for p in c["ports"]}
     for endpoint in (trainer_endpoint, ray_endpoint):
-        assert {"sourceLabels": ["__meta_kubernetes_pod_label_kuberl_io_rljob"], "targetLabel": "rljob"} in endpoint["relabelings"]
+        assert {"sourceLabels": ["__meta_kubernetes_pod_label_kuberl_io_rljob"], "targetLabel": "rljob"} in endpoint[
+            "relabelings"
+        ]
     assert trainer_endpoint["honorLabels"] is True
 
 
@@ -311,7 +340,10 @@ def test_pod_monitor_in_namespaced_mode_looks_only_at_the_watched_namespaces(ren
 def test_dashboards_ship_as_configmaps_labelled_for_the_grafana_sidecar(rendered):
     configmaps = [c for c in kinds(rendered["defaults"], "ConfigMap") if "-dashboard-" in c["metadata"]["name"]]
     assert sorted(c["metadata"]["name"] for c in configmaps) == [
-        "kuberl-dashboard-gpu", "kuberl-dashboard-operator", "kuberl-dashboard-training"]
+        "kuberl-dashboard-gpu",
+        "kuberl-dashboard-operator",
+        "kuberl-dashboard-training",
+    ]
     for configmap in configmaps:
         assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
         assert configmap["metadata"]["namespace"] == RELEASE_NAMESPACE
@@ -340,14 +372,16 @@ def test_dashboards_off_renders_no_dashboard(rendered):
 
 
 def test_dashboard_json_is_what_the_generator_writes():
-    result = subprocess.run([sys.executable, str(CHART / "dashboards" / "generate.py"), "--check"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(CHART / "dashboards" / "generate.py"), "--check"], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
 
 
 def test_notes_say_how_to_turn_monitors_on(helm: Path, helm_home: Path, tmp_path: Path):
-    out = run_helm(helm, helm_home, "install", "kuberl", str(CHART), "--dry-run=client", "--namespace",
-                   RELEASE_NAMESPACE).stdout
+    out = run_helm(
+        helm, helm_home, "install", "kuberl", str(CHART), "--dry-run=client", "--namespace", RELEASE_NAMESPACE
+    ).stdout
     assert "metrics.serviceMonitor.enabled=true" in out
     assert "in every namespace" in out
 

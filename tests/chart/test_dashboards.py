@@ -19,10 +19,24 @@ METRIC = re.compile(r"\b(kuberl_[a-z0-9_]+|DCGM_FI_[A-Z0-9_]+|ray_[a-z0-9_]+)\b"
 
 # verl's metric names the training/GPU dashboards read, and the Prometheus names the trainer's rule gives them
 VERL_KEYS = {
-    "critic/score/mean", "critic/score/max", "critic/score/min", "actor/kl_loss", "actor/reward_kl_penalty",
-    "actor/entropy", "actor/pg_loss", "actor/pg_clipfrac", "actor/grad_norm", "response_length/mean",
-    "response_length/max", "response_length/clip_ratio", "timing_s/gen", "timing_s/step", "perf/throughput",
-    "perf/mfu/actor", "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb",
+    "critic/score/mean",
+    "critic/score/max",
+    "critic/score/min",
+    "actor/kl_loss",
+    "actor/reward_kl_penalty",
+    "actor/entropy",
+    "actor/pg_loss",
+    "actor/pg_clipfrac",
+    "actor/grad_norm",
+    "response_length/mean",
+    "response_length/max",
+    "response_length/clip_ratio",
+    "timing_s/gen",
+    "timing_s/step",
+    "perf/throughput",
+    "perf/mfu/actor",
+    "perf/max_memory_allocated_gb",
+    "perf/max_memory_reserved_gb",
 }
 # per-GPU keys `gpu/<rank>/<stat>` become kuberl_gpu_<stat>{gpu="<rank>"}
 # (trainer/kuberl/trainer/run.py perf_metrics: NVML `utilization` in percent, `memory_used_gb` in GiB)
@@ -90,11 +104,19 @@ def test_operator_dashboard_reads_only_series_the_operator_exports():
     for family in registry.collect():
         suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"]}.get(family.type, [""])
         exported |= {family.name + s for s in suffixes}
-    used = {m for e in exprs(load(CHART / "dashboards" / "operator.json")) for m in METRIC.findall(e)
-            if m.startswith("kuberl_operator_")}
-    assert used == {"kuberl_operator_rljobs", "kuberl_operator_reconcile_duration_seconds_bucket",
-                    "kuberl_operator_reconcile_duration_seconds_count", "kuberl_operator_reconcile_errors_total",
-                    "kuberl_operator_restarts_total"}
+    used = {
+        m
+        for e in exprs(load(CHART / "dashboards" / "operator.json"))
+        for m in METRIC.findall(e)
+        if m.startswith("kuberl_operator_")
+    }
+    assert used == {
+        "kuberl_operator_rljobs",
+        "kuberl_operator_reconcile_duration_seconds_bucket",
+        "kuberl_operator_reconcile_duration_seconds_count",
+        "kuberl_operator_reconcile_errors_total",
+        "kuberl_operator_restarts_total",
+    }
     assert used <= exported, f"not exported by kuberl.operator.metrics: {used - exported}"
 
 
@@ -103,8 +125,13 @@ def test_trainer_series_in_the_dashboards_follow_the_trainers_naming_rule():
 
     expected = {prometheus_name(k) for k in VERL_KEYS} | {"kuberl_step", "kuberl_total_steps"}
     expected |= {f"kuberl_gpu_{s}" for s in GPU_STATS}
-    used = {m for p in DASHBOARDS for e in exprs(load(p)) for m in METRIC.findall(e)
-            if m.startswith("kuberl_") and not m.startswith("kuberl_operator_")}
+    used = {
+        m
+        for p in DASHBOARDS
+        for e in exprs(load(p))
+        for m in METRIC.findall(e)
+        if m.startswith("kuberl_") and not m.startswith("kuberl_operator_")
+    }
     used.discard("kuberl_timing_s_")  # the step-breakdown regex kuberl_timing_s_.+
     assert used == expected
 
@@ -122,10 +149,13 @@ def test_trainer_prometheus_sink_exports_the_names_the_dashboards_read():
         assert f'kuberl_gpu_{stat}{{gpu="0",namespace="ns",rljob="r"}} 1.0' in text
 
 
-@pytest.mark.parametrize(("dashboard", "sample", "prefix"), [
-    ("gpu.json", "dcgm-sample.prom", "DCGM_FI_"),
-    ("gpu.json", "ray-sample.prom", "ray_"),
-])
+@pytest.mark.parametrize(
+    ("dashboard", "sample", "prefix"),
+    [
+        ("gpu.json", "dcgm-sample.prom", "DCGM_FI_"),
+        ("gpu.json", "ray-sample.prom", "ray_"),
+    ],
+)
 def test_exporter_series_in_the_dashboards_exist_in_the_recorded_samples(dashboard: str, sample: str, prefix: str):
     recorded = set(re.findall(r"^# TYPE (\S+)", (SAMPLES / sample).read_text(), re.M))
     used = {m for e in exprs(load(CHART / "dashboards" / dashboard)) for m in METRIC.findall(e) if m.startswith(prefix)}

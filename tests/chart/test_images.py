@@ -58,8 +58,11 @@ def test_operator_extra_declares_nothing_heavy():
 
 
 def test_dockerignore_keeps_the_build_context_to_the_sources():
-    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")}
+    ignored = {
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     assert {".git", ".venv", "runs", "checkpoints", "tests", "e2e"} <= ignored
     assert not {"api", "operator", "trainer", "pyproject.toml", "README.md"} & ignored
 
@@ -69,9 +72,22 @@ def test_operator_dependency_closure_has_no_torch_ray_or_transformers(tmp_path):
     """`pip install --dry-run --report` resolves kuberl[operator] from the index without installing anything."""
     report = tmp_path / "report.json"
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report",
-         str(report), f"{REPO}[operator]"],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            str(report),
+            f"{REPO}[operator]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
     )
     if result.returncode != 0:
         message = f"pip could not resolve kuberl[operator] (needs the package index): {result.stderr.strip()[-800:]}"

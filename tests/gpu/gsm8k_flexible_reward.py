@@ -24,9 +24,12 @@ def last_number(text: str) -> str | None:
     return found[-1].replace(",", "").rstrip(".") if found else None
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str,
-                  extra_info: dict[str, Any] | None = None) -> dict[str, float]:
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+) -> dict[str, float]:
     tail = solution_str[-GSM8K_TAIL_CHARS:]
-    return {"score": float(last_number(tail) == str(ground_truth)),
-            "strict": gsm8k(data_source, solution_str, ground_truth, extra_info),
-            "formatted": float(bool(GSM8K_ANSWER.findall(tail)))}
+    return {
+        "score": float(last_number(tail) == str(ground_truth)),
+        "strict": gsm8k(data_source, solution_str, ground_truth, extra_info),
+        "formatted": float(bool(GSM8K_ANSWER.findall(tail))),
+    }

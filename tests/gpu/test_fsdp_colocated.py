@@ -12,8 +12,10 @@ from tests.gpu.conftest import MODEL
 
 pytestmark = pytest.mark.gpu
 
-TEXT = ("Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-        "How many clips did Natalia sell altogether in April and May? #### 72")
+TEXT = (
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May? #### 72"
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +45,14 @@ def actor(process_group, folder: str):
     from kuberl.trainer import fsdp
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    return fsdp.prepare(model, device=torch.device("cuda", 0), dtype="bfloat16", gradient_checkpointing=False,
-                        reshard_after_forward=True, param_offload=False)
+    return fsdp.prepare(
+        model,
+        device=torch.device("cuda", 0),
+        dtype="bfloat16",
+        gradient_checkpointing=False,
+        reshard_after_forward=True,
+        param_offload=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +61,16 @@ def engine(actor, folder: str):
     from kuberl.trainer.rollout.vllm import VLLMRollout
 
     tokenizer = load_tokenizer(folder)
-    rollout = VLLMRollout(folder, pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id],
-                          gpu_memory_utilization=0.2, max_model_len=1024, enforce_eager=True, load_format="dummy",
-                          bucket_mb=32)
+    rollout = VLLMRollout(
+        folder,
+        pad_id=tokenizer.pad_token_id,
+        eos_ids=[tokenizer.eos_token_id],
+        gpu_memory_utilization=0.2,
+        max_model_len=1024,
+        enforce_eager=True,
+        load_format="dummy",
+        bucket_mb=32,
+    )
     yield rollout
     rollout.shutdown()
 
@@ -77,8 +92,7 @@ def bf16_floor(folder: str, actor, ids: list[int]) -> float:
     from kuberl.trainer import fsdp
 
     reference = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.float32)
-    loaded = reference.load_state_dict({name: t.float() for name, t in fsdp.full_named_parameters(actor)},
-                                       strict=False)
+    loaded = reference.load_state_dict({name: t.float() for name, t in fsdp.full_named_parameters(actor)}, strict=False)
     assert set(loaded.missing_keys) <= {"lm_head.weight"} and not loaded.unexpected_keys, loaded
     reference.tie_weights()
     value = (actor_log_probs(actor, ids) - actor_log_probs(reference.cuda().eval(), ids)).abs().mean().item()
@@ -100,8 +114,11 @@ def tolerance(floor: float) -> float:
 def vllm_log_probs(engine, ids: list[int]) -> torch.Tensor:
     from vllm import SamplingParams, TokensPrompt
 
-    out = engine.llm.generate([TokensPrompt(prompt_token_ids=ids)],
-                              SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False), use_tqdm=False)[0]
+    out = engine.llm.generate(
+        [TokensPrompt(prompt_token_ids=ids)],
+        SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False),
+        use_tqdm=False,
+    )[0]
     return torch.as_tensor([out.prompt_logprobs[i][t].logprob for i, t in enumerate(ids) if i > 0])
 
 
@@ -128,9 +145,13 @@ def test_engine_joins_the_trainer_process_group_via_external_launcher(engine) ->
 def test_fsdp_weights_streamed_into_a_dummy_engine_reproduce_the_actor(engine, actor, ids, floor, record) -> None:
     sync(engine, actor)
     diff = (vllm_log_probs(engine, ids) - actor_log_probs(actor, ids)).abs()
-    record.update({"fsdp_sync_logprob_abs_diff_mean": round(diff.mean().item(), 5),
-                   "fsdp_sync_logprob_abs_diff_max": round(diff.max().item(), 5),
-                   "actor_bf16_vs_fp32_logprob_abs_diff_mean": round(floor, 5)})
+    record.update(
+        {
+            "fsdp_sync_logprob_abs_diff_mean": round(diff.mean().item(), 5),
+            "fsdp_sync_logprob_abs_diff_max": round(diff.max().item(), 5),
+            "actor_bf16_vs_fp32_logprob_abs_diff_mean": round(floor, 5),
+        }
+    )
     assert diff.mean() < tolerance(floor)
 
 
@@ -155,10 +176,15 @@ def test_sleep_train_step_sync_wake_cycle_tracks_the_updated_actor(engine, actor
     diff = (after - actor_log_probs(actor, ids)).abs()
     moved = (after - before).abs().mean().item()
     floor_after = bf16_floor(folder, actor, ids)
-    record.update({"colocated_gib_awake": round(awake, 3), "colocated_gib_asleep": round(asleep, 3),
-                   "after_step_logprob_abs_diff_mean": round(diff.mean().item(), 5),
-                   "after_step_bf16_vs_fp32_logprob_abs_diff_mean": round(floor_after, 5),
-                   "train_step_logprob_abs_change_mean": round(moved, 5)})
+    record.update(
+        {
+            "colocated_gib_awake": round(awake, 3),
+            "colocated_gib_asleep": round(asleep, 3),
+            "after_step_logprob_abs_diff_mean": round(diff.mean().item(), 5),
+            "after_step_bf16_vs_fp32_logprob_abs_diff_mean": round(floor_after, 5),
+            "train_step_logprob_abs_change_mean": round(moved, 5),
+        }
+    )
     assert asleep < awake - 1.0
     assert diff.mean() < tolerance(floor_after)
     assert moved > 10 * diff.mean(), "the engine did not pick up the trained weights"

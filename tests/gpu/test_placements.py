@@ -33,33 +33,59 @@ def rljob(placement: str, train_file: str, checkpoints: Path) -> dict:
     cluster = {"device": "cuda", "trainer": {"nodes": 1, "gpusPerNode": 1, "cpu": "4", "memory": "32Gi"}}
     if placement == "separate":
         cluster["rollout"] = {"nodes": 1, "gpusPerNode": 1, "cpu": "4", "memory": "32Gi"}
-    return {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": f"placement-{placement}"},
-            "spec": {
-                "model": {"path": MODEL, "dtype": "bfloat16"},
-                "algorithm": {"advantageEstimator": "grpo"},
-                "data": {"trainFiles": [train_file], "maxPromptLength": 256, "maxResponseLength": 64},
-                "reward": {"function": "gsm8k"},
-                "batch": {"trainBatchSize": 16, "rolloutN": 4, "ppoMiniBatchSize": 16, "ppoMicroBatchSizePerGPU": 32},
-                "rollout": {"engine": "vllm", "placement": placement, "gpuMemoryUtilization": 0.2,
-                            "enforceEager": True, "temperature": 1.0, "calculateLogProbs": True},
-                "actor": {"optim": {"lr": 5.0e-5, "weightDecay": 0.0}},
-                "trainer": {"totalSteps": STEPS, "saveFreq": 0, "testFreq": 0, "checkpointDir": str(checkpoints)},
-                "cluster": cluster}}
+    return {
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": f"placement-{placement}"},
+        "spec": {
+            "model": {"path": MODEL, "dtype": "bfloat16"},
+            "algorithm": {"advantageEstimator": "grpo"},
+            "data": {"trainFiles": [train_file], "maxPromptLength": 256, "maxResponseLength": 64},
+            "reward": {"function": "gsm8k"},
+            "batch": {"trainBatchSize": 16, "rolloutN": 4, "ppoMiniBatchSize": 16, "ppoMicroBatchSizePerGPU": 32},
+            "rollout": {
+                "engine": "vllm",
+                "placement": placement,
+                "gpuMemoryUtilization": 0.2,
+                "enforceEager": True,
+                "temperature": 1.0,
+                "calculateLogProbs": True,
+            },
+            "actor": {"optim": {"lr": 5.0e-5, "weightDecay": 0.0}},
+            "trainer": {"totalSteps": STEPS, "saveFreq": 0, "testFreq": 0, "checkpointDir": str(checkpoints)},
+            "cluster": cluster,
+        },
+    }
 
 
 @pytest.mark.parametrize("placement", ["colocated", "separate"])
 def test_rollout_log_probs_match_the_trainer_after_every_transfer(placement, train_file, tmp_path, record):
     spec_file = tmp_path / "rljob.yaml"
     spec_file.write_text(yaml.safe_dump(rljob(placement, train_file, tmp_path / "ckpt")))
-    run = subprocess.run([sys.executable, "-m", "kuberl.cli", "run", str(spec_file), "--run-dir",
-                          str(tmp_path / "run"), "--no-progress"], capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kuberl.cli",
+            "run",
+            str(spec_file),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if "training/rollout_probs_diff_mean" in s]
     diffs = [s["training/rollout_probs_diff_mean"] for s in steps]
-    record[placement] = {"rollout_probs_diff_mean": [round(d, 5) for d in diffs],
-                         "update_weights_s": [round(s.get("timing_s/update_weights", 0.0), 4) for s in steps],
-                         "gen_s": [round(s.get("timing_s/gen", 0.0), 3) for s in steps]}
+    record[placement] = {
+        "rollout_probs_diff_mean": [round(d, 5) for d in diffs],
+        "update_weights_s": [round(s.get("timing_s/update_weights", 0.0), 4) for s in steps],
+        "gen_s": [round(s.get("timing_s/gen", 0.0), 3) for s in steps],
+    }
     if placement == "separate":
         assert "1 separate vLLM engine(s) of 1 GPU(s), shared layout, weights by ipc" in run.stdout
     assert len(diffs) == STEPS

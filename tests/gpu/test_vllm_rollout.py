@@ -9,8 +9,12 @@ from tests.gpu.conftest import MODEL
 
 pytestmark = pytest.mark.gpu
 
-QUESTIONS = ["What is 7 times 8?", "Name a colour of the sky.", "Write one word that rhymes with cat.",
-             "Ana has 3 apples and buys 4 more. How many apples does she have?"]
+QUESTIONS = [
+    "What is 7 times 8?",
+    "Name a colour of the sky.",
+    "Write one word that rhymes with cat.",
+    "Ana has 3 apples and buys 4 more. How many apples does she have?",
+]
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +33,12 @@ def tokenizer(folder: str):
 
 @pytest.fixture(scope="module")
 def prompts(tokenizer) -> list[list[int]]:
-    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                          tokenize=True, return_dict=False) for q in QUESTIONS]
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for q in QUESTIONS
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +54,16 @@ def eos_ids(tokenizer, folder: str) -> list[int]:
 def engine(folder: str, tokenizer, eos_ids: list[int]):
     from kuberl.trainer.rollout.vllm import VLLMRollout
 
-    rollout = VLLMRollout(folder, pad_id=tokenizer.pad_token_id, eos_ids=eos_ids, gpu_memory_utilization=0.25,
-                          max_model_len=1024, enforce_eager=True, calculate_log_probs=True, bucket_mb=64)
+    rollout = VLLMRollout(
+        folder,
+        pad_id=tokenizer.pad_token_id,
+        eos_ids=eos_ids,
+        gpu_memory_utilization=0.25,
+        max_model_len=1024,
+        enforce_eager=True,
+        calculate_log_probs=True,
+        bucket_mb=64,
+    )
     yield rollout
     rollout.shutdown()
 
@@ -76,7 +92,7 @@ def sequence_log_probs(model, prompt: list[int], response: list[int], temperatur
     """transformers' log-probs of ``response`` given ``prompt`` (one unpadded sequence)."""
     ids = torch.as_tensor([prompt + response], device="cuda")
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float() / temperature
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature
     return torch.log_softmax(logits, -1).gather(-1, torch.as_tensor(response, device="cuda")[:, None])[:, 0].cpu()
 
 
@@ -111,7 +127,8 @@ def test_greedy_with_n_repeats_each_prompt(engine, prompts) -> None:
 
 
 def test_level2_sleep_releases_memory_and_reloaded_weights_give_identical_greedy_output(
-        engine, hf_model, prompts, record) -> None:
+    engine, hf_model, prompts, record
+) -> None:
     import time
 
     before = greedy(engine, prompts)
@@ -137,21 +154,35 @@ def test_level2_sleep_releases_memory_and_reloaded_weights_give_identical_greedy
     after = greedy(engine, prompts)
     assert torch.equal(before, after)
     engine_memory = awake - asleep
-    record.update({"gib_in_use_awake": round(awake, 3), "gib_in_use_asleep_level2": round(asleep, 3),
-                   "gib_released_by_sleep": round(engine_memory, 3), "sleep_s": round(slept_s, 3),
-                   "wake_weights_and_load_s": round(loaded_s, 3), "wake_kv_cache_s": round(woke_s, 3),
-                   "hf_model_gib": round(sum(t.numel() * t.element_size() for t in state.values()) / 2**30, 3)})
+    record.update(
+        {
+            "gib_in_use_awake": round(awake, 3),
+            "gib_in_use_asleep_level2": round(asleep, 3),
+            "gib_released_by_sleep": round(engine_memory, 3),
+            "sleep_s": round(slept_s, 3),
+            "wake_weights_and_load_s": round(loaded_s, 3),
+            "wake_kv_cache_s": round(woke_s, 3),
+            "hf_model_gib": round(sum(t.numel() * t.element_size() for t in state.values()) / 2**30, 3),
+        }
+    )
     # what stays is the CUDA context, the HF reference model of this test and allocator slack
     assert engine_memory > 0.5 * 0.25 * torch.cuda.mem_get_info()[1] / 2**30
 
 
-def test_rollout_log_probs_match_transformers_after_a_weight_update(engine, hf_model, hf_model32, prompts,
-                                                                    record) -> None:
+def test_rollout_log_probs_match_transformers_after_a_weight_update(
+    engine, hf_model, hf_model32, prompts, record
+) -> None:
     generator = torch.Generator(device="cuda").manual_seed(0)
     base = {k: v.clone() for k, v in hf_model.state_dict().items()}
-    perturbed = {k: v + 0.05 * v.float().std() * torch.randn(v.shape, generator=generator, device="cuda",
-                                                                 dtype=torch.float32).to(v.dtype)
-                 if v.is_floating_point() and v.dim() >= 2 else v for k, v in base.items()}
+    perturbed = {
+        k: v
+        + 0.05
+        * v.float().std()
+        * torch.randn(v.shape, generator=generator, device="cuda", dtype=torch.float32).to(v.dtype)
+        if v.is_floating_point() and v.dim() >= 2
+        else v
+        for k, v in base.items()
+    }
     if engine.tied:  # one tensor under two names: perturb it once (the engine skips lm_head.weight)
         perturbed["lm_head.weight"] = perturbed["model.embed_tokens.weight"]
     engine.update_weights(perturbed.items())
@@ -178,32 +209,48 @@ def test_rollout_log_probs_match_transformers_after_a_weight_update(engine, hf_m
         hf_model.load_state_dict(base)
         hf_model32.load_state_dict(base)
         engine.update_weights(base.items())
-    record.update({"rollout_logprob_abs_diff_mean": round(matched.mean().item(), 5),
-                   "rollout_logprob_abs_diff_max": round(matched.max().item(), 5),
-                   "rollout_logprob_tokens": int(matched.numel()),
-                   "hf_bf16_vs_fp32_logprob_abs_diff_mean": round(floor.mean().item(), 5),
-                   "hf_bf16_vs_fp32_logprob_abs_diff_max": round(floor.max().item(), 5),
-                   "rollout_logprob_abs_diff_mean_vs_unperturbed_weights": round(against_old.mean().item(), 5)})
+    record.update(
+        {
+            "rollout_logprob_abs_diff_mean": round(matched.mean().item(), 5),
+            "rollout_logprob_abs_diff_max": round(matched.max().item(), 5),
+            "rollout_logprob_tokens": int(matched.numel()),
+            "hf_bf16_vs_fp32_logprob_abs_diff_mean": round(floor.mean().item(), 5),
+            "hf_bf16_vs_fp32_logprob_abs_diff_max": round(floor.max().item(), 5),
+            "rollout_logprob_abs_diff_mean_vs_unperturbed_weights": round(against_old.mean().item(), 5),
+        }
+    )
     assert matched.mean() < tolerance(floor), (
-        f"vLLM and transformers disagree: mean |Δ log p| = {matched.mean():.4f}, bf16 noise {floor.mean():.4f}")
+        f"vLLM and transformers disagree: mean |Δ log p| = {matched.mean():.4f}, bf16 noise {floor.mean():.4f}"
+    )
     assert against_old.mean() > matched.mean(), "the perturbed weights did not reach the engine"
 
 
-def test_prompt_log_probs_of_a_fixed_sequence_match_transformers(engine, hf_model, hf_model32, tokenizer,
-                                                                 record) -> None:
+def test_prompt_log_probs_of_a_fixed_sequence_match_transformers(
+    engine, hf_model, hf_model32, tokenizer, record
+) -> None:
     from vllm import SamplingParams, TokensPrompt
 
-    text = ("The quick brown fox jumps over the lazy dog. Reinforcement learning from verifiable rewards trains "
-            "a policy by sampling answers and scoring them.")
+    text = (
+        "The quick brown fox jumps over the lazy dog. Reinforcement learning from verifiable rewards trains "
+        "a policy by sampling answers and scoring them."
+    )
     ids = tokenizer(text)["input_ids"]
     engine.wake()
-    out = engine.llm.generate([TokensPrompt(prompt_token_ids=ids)],
-                              SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False), use_tqdm=False)[0]
+    out = engine.llm.generate(
+        [TokensPrompt(prompt_token_ids=ids)],
+        SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False),
+        use_tqdm=False,
+    )[0]
     vllm_lp = torch.as_tensor([out.prompt_logprobs[i][tok].logprob for i, tok in enumerate(ids) if i > 0])
     hf_lp = sequence_log_probs(hf_model, ids[:1], ids[1:])
     floor = (hf_lp - sequence_log_probs(hf_model32, ids[:1], ids[1:])).abs()
     diff = (vllm_lp - hf_lp).abs()
-    record.update({"prompt_logprob_abs_diff_mean": round(diff.mean().item(), 5),
-                   "prompt_logprob_abs_diff_max": round(diff.max().item(), 5), "prompt_logprob_tokens": len(ids) - 1,
-                   "prompt_hf_bf16_vs_fp32_abs_diff_mean": round(floor.mean().item(), 5)})
+    record.update(
+        {
+            "prompt_logprob_abs_diff_mean": round(diff.mean().item(), 5),
+            "prompt_logprob_abs_diff_max": round(diff.max().item(), 5),
+            "prompt_logprob_tokens": len(ids) - 1,
+            "prompt_hf_bf16_vs_fp32_abs_diff_mean": round(floor.mean().item(), 5),
+        }
+    )
     assert diff.mean() < tolerance(floor)

@@ -40,8 +40,7 @@ def test_tied_output_head_is_dropped_and_tensors_cast() -> None:
     out = list(rollout_named_tensors(stream, tied=True, dtype=torch.bfloat16))
     assert [n for n, _ in out] == ["model.embed_tokens.weight"]
     assert out[0][1].dtype == torch.bfloat16
-    assert [n for n, _ in rollout_named_tensors(stream, tied=False)] == ["model.embed_tokens.weight",
-                                                                          "lm_head.weight"]
+    assert [n for n, _ in rollout_named_tensors(stream, tied=False)] == ["model.embed_tokens.weight", "lm_head.weight"]
 
 
 def test_metadata_matches_the_stream_names_for_a_tied_model() -> None:
@@ -49,8 +48,9 @@ def test_metadata_matches_the_stream_names_for_a_tied_model() -> None:
 
     from kuberl.trainer.models import build_tiny, parse_tiny
 
-    model = build_tiny(parse_tiny("tiny://llama?hidden=16&layers=1&heads=2&kv_heads=1&tie=1"), AutoModelForCausalLM,
-                       torch.float32)
+    model = build_tiny(
+        parse_tiny("tiny://llama?hidden=16&layers=1&heads=2&kv_heads=1&tie=1"), AutoModelForCausalLM, torch.float32
+    )
     metas = fsdp_param_metadata(model)
     streamed = [n for n, _ in rollout_named_tensors(model.named_parameters(), tied=True)]
     assert [m.name for m in metas] == streamed

@@ -30,7 +30,7 @@ def test_rljobs_gauge_is_exported_with_a_phase_label() -> None:
     metrics.PHASES.observe("uid-metrics-test", "Failed")
     try:
         assert sample("kuberl_operator_rljobs", {"phase": "Failed"}) >= 1
-        assert b"kuberl_operator_rljobs{phase=\"Pending\"}" in generate_latest(metrics.REGISTRY)
+        assert b'kuberl_operator_rljobs{phase="Pending"}' in generate_latest(metrics.REGISTRY)
     finally:
         metrics.PHASES.forget("uid-metrics-test")
 

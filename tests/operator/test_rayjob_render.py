@@ -74,10 +74,16 @@ def test_rayjob_is_named_like_the_rljob_and_owned_by_it() -> None:
     rayjob = render_rayjob("gsm8k", "team-a", UID, spec_of(base_spec()))
     meta = rayjob["metadata"]
     assert (meta["name"], meta["namespace"]) == ("gsm8k", "team-a")
-    assert meta["ownerReferences"] == [{
-        "apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "name": "gsm8k", "uid": UID,
-        "controller": True, "blockOwnerDeletion": True,
-    }]
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "kuberl.io/v1alpha1",
+            "kind": "RLJob",
+            "name": "gsm8k",
+            "uid": UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
     assert meta["labels"]["kuberl.io/rljob"] == "gsm8k"
     assert meta["labels"]["app.kubernetes.io/managed-by"] == "kuberl-operator"
     assert "kueue.x-k8s.io/queue-name" not in meta["labels"]
@@ -98,11 +104,20 @@ def test_entrypoint_runs_the_trainer_on_the_mounted_spec() -> None:
 
 def test_run_policy_maps_to_rayjob_fields() -> None:
     doc = base_spec()
-    doc["runPolicy"] = {"suspend": True, "backoffLimit": 3, "activeDeadlineSeconds": 7200, "ttlSecondsAfterFinished": 60}
+    doc["runPolicy"] = {
+        "suspend": True,
+        "backoffLimit": 3,
+        "activeDeadlineSeconds": 7200,
+        "ttlSecondsAfterFinished": 60,
+    }
     spec = render_rayjob("j", "ns", UID, spec_of(doc))["spec"]
     assert spec["shutdownAfterJobFinishes"] is True
     assert (spec["suspend"], spec["backoffLimit"], spec["activeDeadlineSeconds"], spec["ttlSecondsAfterFinished"]) == (
-        True, 3, 7200, 60)
+        True,
+        3,
+        7200,
+        60,
+    )
 
 
 def test_active_deadline_is_omitted_unless_set() -> None:
@@ -115,7 +130,10 @@ def test_head_has_no_gpus_and_reports_status() -> None:
     doc = base_spec(head={"cpu": "2", "memory": "8Gi", "nodeSelector": {"pool": "cpu"}})
     head = render_rayjob("j", "ns", UID, spec_of(doc))["spec"]["rayClusterSpec"]["headGroupSpec"]
     (container,) = containers(head)
-    assert container["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "2", "memory": "8Gi"}}
+    assert container["resources"] == {
+        "requests": {"cpu": "2", "memory": "8Gi"},
+        "limits": {"cpu": "2", "memory": "8Gi"},
+    }
     assert env_of(container)["KUBERL_REPORT_STATUS"] == "1"
     assert head["template"]["spec"]["nodeSelector"] == {"pool": "cpu"}
     assert head["rayStartParams"]["num-cpus"] == "0"
@@ -123,12 +141,26 @@ def test_head_has_no_gpus_and_reports_status() -> None:
 
 def test_trainer_group_has_fixed_size_gpus_shm_and_nccl_env() -> None:
     doc = base_spec()
-    doc["cluster"]["trainer"].update({
-        "cpu": "32", "memory": "256Gi", "sharedMemory": "32Gi", "nodeSelector": {"pool": "h100"},
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5}],
-        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
-    })
+    doc["cluster"]["trainer"].update(
+        {
+            "cpu": "32",
+            "memory": "256Gi",
+            "sharedMemory": "32Gi",
+            "nodeSelector": {"pool": "h100"},
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5}
+            ],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                        ]
+                    }
+                }
+            },
+        }
+    )
     (group,) = render_rayjob("j", "ns", UID, spec_of(doc))["spec"]["rayClusterSpec"]["workerGroupSpecs"]
     assert group["groupName"] == "trainer"
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 2
@@ -137,7 +169,9 @@ def test_trainer_group_has_fixed_size_gpus_shm_and_nccl_env() -> None:
     assert container["resources"]["requests"] == {"cpu": "32", "memory": "256Gi"}
     pod = group["template"]["spec"]
     assert pod["nodeSelector"] == {"pool": "h100"}
-    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5}]
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5}
+    ]
     assert pod["affinity"]["nodeAffinity"]
     shm = next(v for v in pod["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory")
     assert shm["emptyDir"]["sizeLimit"] == "32Gi"
@@ -174,10 +208,16 @@ def test_every_pod_mounts_the_spec_configmap_and_the_user_volumes() -> None:
     doc = base_spec(
         volumes=[{"name": "ckpt", "persistentVolumeClaim": {"claimName": "rl-ckpt"}}],
         volumeMounts=[{"name": "ckpt", "mountPath": "/checkpoints", "subPath": "run1"}],
-        env=[{"name": "HF_HOME", "value": "/checkpoints/hf"}, {"name": "NCCL_DEBUG", "value": "INFO"},
-             {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
-        image="registry.example/kuberl:1", imagePullPolicy="Always", serviceAccountName="rl-runner",
-        priorityClassName="training", rayVersion="2.60.1",
+        env=[
+            {"name": "HF_HOME", "value": "/checkpoints/hf"},
+            {"name": "NCCL_DEBUG", "value": "INFO"},
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+        ],
+        image="registry.example/kuberl:1",
+        imagePullPolicy="Always",
+        serviceAccountName="rl-runner",
+        priorityClassName="training",
+        rayVersion="2.60.1",
     )
     rayjob = render_rayjob("j", "ns", UID, spec_of(doc))
     cluster = rayjob["spec"]["rayClusterSpec"]
@@ -201,11 +241,14 @@ def test_every_pod_mounts_the_spec_configmap_and_the_user_volumes() -> None:
     assert kuberay_checks(rayjob) == []
 
 
-@pytest.mark.parametrize("cluster", [
-    {"volumes": [{"name": "kuberl-spec", "emptyDir": {}}]},
-    {"volumes": [{"name": "v", "emptyDir": {}}], "volumeMounts": [{"name": "v", "mountPath": "/dev/shm/"}]},
-    {"volumes": [{"name": "v", "emptyDir": {}}], "volumeMounts": [{"name": "v", "mountPath": "/etc/kuberl"}]},
-])
+@pytest.mark.parametrize(
+    "cluster",
+    [
+        {"volumes": [{"name": "kuberl-spec", "emptyDir": {}}]},
+        {"volumes": [{"name": "v", "emptyDir": {}}], "volumeMounts": [{"name": "v", "mountPath": "/dev/shm/"}]},
+        {"volumes": [{"name": "v", "emptyDir": {}}], "volumeMounts": [{"name": "v", "mountPath": "/etc/kuberl"}]},
+    ],
+)
 def test_user_volumes_cannot_take_the_operators_names_or_paths(cluster: dict) -> None:
     with pytest.raises(RenderError, match=r"cluster\.volume"):
         render_rayjob("j", "ns", UID, spec_of(base_spec(**cluster)))

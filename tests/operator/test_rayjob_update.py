@@ -15,7 +15,9 @@ UID = "u-1"
 
 def spec(**changes) -> RLJobSpec:
     doc = {
-        "model": {"path": "/m"}, "algorithm": {"advantageEstimator": "grpo"}, "data": {"trainFiles": ["/d.parquet"]},
+        "model": {"path": "/m"},
+        "algorithm": {"advantageEstimator": "grpo"},
+        "data": {"trainFiles": ["/d.parquet"]},
         "batch": {"trainBatchSize": 16, "rolloutN": 4, "ppoMiniBatchSize": 8, "ppoMicroBatchSizePerGPU": 4},
         "cluster": {"trainer": {"nodes": 1, "gpusPerNode": 8}},
     }

@@ -90,13 +90,19 @@ class FakeApi:
 
 def rljob(api: FakeApi, name: str = "job", **spec_changes: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
-        "model": {"path": "/m"}, "algorithm": {"advantageEstimator": "grpo"}, "data": {"trainFiles": ["/d.parquet"]},
+        "model": {"path": "/m"},
+        "algorithm": {"advantageEstimator": "grpo"},
+        "data": {"trainFiles": ["/d.parquet"]},
         "batch": {"trainBatchSize": 16, "rolloutN": 4, "ppoMiniBatchSize": 8, "ppoMicroBatchSizePerGPU": 4},
         "cluster": {"trainer": {"nodes": 1, "gpusPerNode": 8}},
     }
     spec.update(spec_changes)
-    body = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob",
-            "metadata": {"name": name, "namespace": NS, "generation": 1}, "spec": spec}
+    body = {
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": name, "namespace": NS, "generation": 1},
+        "spec": spec,
+    }
     return api._create("rljob", body)
 
 

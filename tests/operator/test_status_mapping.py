@@ -17,8 +17,18 @@ from kuberl.operator.status import (
 T0, T1, T2, T3 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z", "2026-01-01T00:02:00Z", "2026-01-01T00:03:00Z"
 
 
-def rayjob(jds: str = "", job: str = "", *, suspend: bool = False, failed: int = 0, reason: str = "", message: str = "",
-           cluster: str | None = "j-raycluster-abcde", queue: str | None = None, end: str | None = None) -> dict:
+def rayjob(
+    jds: str = "",
+    job: str = "",
+    *,
+    suspend: bool = False,
+    failed: int = 0,
+    reason: str = "",
+    message: str = "",
+    cluster: str | None = "j-raycluster-abcde",
+    queue: str | None = None,
+    end: str | None = None,
+) -> dict:
     status = {"jobDeploymentStatus": jds, "jobStatus": job, "failed": failed, "succeeded": 0}
     if reason:
         status["reason"] = reason
@@ -32,8 +42,13 @@ def rayjob(jds: str = "", job: str = "", *, suspend: bool = False, failed: int =
     labels = {"kuberl.io/rljob": "j"}
     if queue:
         labels["kueue.x-k8s.io/queue-name"] = queue
-    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "j", "labels": labels},
-            "spec": {"suspend": suspend, "shutdownAfterJobFinishes": True}, "status": status}
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": "j", "labels": labels},
+        "spec": {"suspend": suspend, "shutdownAfterJobFinishes": True},
+        "status": status,
+    }
 
 
 def cond(status: dict, type_: str) -> dict:
@@ -52,42 +67,57 @@ def walk(*steps: tuple[dict | None, str]) -> tuple[dict, list]:
     return status, events
 
 
-@pytest.mark.parametrize(("rj", "phase"), [
-    (rayjob(""), "Pending"),
-    (rayjob("New"), "Pending"),
-    (rayjob("Initializing"), "Pending"),
-    (rayjob("Waiting"), "Pending"),
-    (rayjob("Running", "PENDING"), "Running"),
-    (rayjob("Running", "RUNNING"), "Running"),
-    (rayjob("Retrying", failed=1), "Restarting"),
-    (rayjob("Initializing", failed=1), "Restarting"),
-    (rayjob("Suspending", suspend=True), "Suspended"),
-    (rayjob("Suspended", suspend=True), "Suspended"),
-    (rayjob("", suspend=True), "Suspended"),
-    (rayjob("Running", "RUNNING", suspend=True), "Suspended"),
-    (rayjob("Complete", "SUCCEEDED"), "Succeeded"),
-    (rayjob("Complete", "FAILED"), "Failed"),
-    (rayjob("Complete", "STOPPED"), "Failed"),
-    (rayjob("Failed", "FAILED", reason="AppFailed"), "Failed"),
-    (rayjob("Failed", reason="DeadlineExceeded"), "Failed"),
-    (rayjob("ValidationFailed", reason="ValidationFailed", message="RayJob name too long"), "Failed"),
-])
+@pytest.mark.parametrize(
+    ("rj", "phase"),
+    [
+        (rayjob(""), "Pending"),
+        (rayjob("New"), "Pending"),
+        (rayjob("Initializing"), "Pending"),
+        (rayjob("Waiting"), "Pending"),
+        (rayjob("Running", "PENDING"), "Running"),
+        (rayjob("Running", "RUNNING"), "Running"),
+        (rayjob("Retrying", failed=1), "Restarting"),
+        (rayjob("Initializing", failed=1), "Restarting"),
+        (rayjob("Suspending", suspend=True), "Suspended"),
+        (rayjob("Suspended", suspend=True), "Suspended"),
+        (rayjob("", suspend=True), "Suspended"),
+        (rayjob("Running", "RUNNING", suspend=True), "Suspended"),
+        (rayjob("Complete", "SUCCEEDED"), "Succeeded"),
+        (rayjob("Complete", "FAILED"), "Failed"),
+        (rayjob("Complete", "STOPPED"), "Failed"),
+        (rayjob("Failed", "FAILED", reason="AppFailed"), "Failed"),
+        (rayjob("Failed", reason="DeadlineExceeded"), "Failed"),
+        (rayjob("ValidationFailed", reason="ValidationFailed", message="RayJob name too long"), "Failed"),
+    ],
+)
 def test_rayjob_states_map_to_phases(rj: dict, phase: str) -> None:
     status, _ = next_status({}, rj, now=T0)
     assert status["phase"] == phase
 
 
 def test_every_status_written_fits_the_declared_status_schema() -> None:
-    status, _ = walk((None, T0), (rayjob("Initializing"), T1), (rayjob("Running", "RUNNING"), T2),
-                     (rayjob("Failed", "FAILED", reason="AppFailed", failed=1), T3))
+    status, _ = walk(
+        (None, T0),
+        (rayjob("Initializing"), T1),
+        (rayjob("Running", "RUNNING"), T2),
+        (rayjob("Failed", "FAILED", reason="AppFailed", failed=1), T3),
+    )
     RLJobStatus.model_validate(status)  # extra="forbid": every key is declared, so nothing gets pruned
 
 
 def test_a_successful_run_goes_pending_running_succeeded_with_events() -> None:
-    status, events = walk((rayjob(""), T0), (rayjob("Initializing"), T1), (rayjob("Running", "RUNNING"), T2),
-                          (rayjob("Complete", "SUCCEEDED", end=T3), T3))
+    status, events = walk(
+        (rayjob(""), T0),
+        (rayjob("Initializing"), T1),
+        (rayjob("Running", "RUNNING"), T2),
+        (rayjob("Complete", "SUCCEEDED", end=T3), T3),
+    )
     assert status["phase"] == "Succeeded"
-    assert [(e.type, e.reason) for e in events] == [("Normal", "Pending"), ("Normal", "Running"), ("Normal", "Succeeded")]
+    assert [(e.type, e.reason) for e in events] == [
+        ("Normal", "Pending"),
+        ("Normal", "Running"),
+        ("Normal", "Succeeded"),
+    ]
     assert status["startTime"] == T2
     assert status["completionTime"] == T3
     assert cond(status, "Succeeded")["status"] == "True"
@@ -121,8 +151,10 @@ def test_the_same_rayjob_twice_changes_nothing_and_posts_no_event() -> None:
 
 
 def test_app_failure_reports_kuberays_reason_and_message() -> None:
-    status, events = walk((rayjob("Running", "RUNNING"), T0),
-                          (rayjob("Failed", "FAILED", reason="AppFailed", message="Job failed: OOM"), T1))
+    status, events = walk(
+        (rayjob("Running", "RUNNING"), T0),
+        (rayjob("Failed", "FAILED", reason="AppFailed", message="Job failed: OOM"), T1),
+    )
     assert status["phase"] == "Failed"
     assert status["message"] == "Job failed: OOM"
     failed = cond(status, "Failed")
@@ -153,8 +185,11 @@ def test_restarts_are_counted_even_when_retrying_was_never_seen() -> None:
 
 
 def test_final_failure_after_retries_does_not_count_the_last_attempt_as_a_restart() -> None:
-    status, _ = walk((rayjob("Running", "RUNNING"), T0), (rayjob("Retrying", failed=1), T1),
-                     (rayjob("Failed", "FAILED", failed=2, reason="AppFailed"), T2))
+    status, _ = walk(
+        (rayjob("Running", "RUNNING"), T0),
+        (rayjob("Retrying", failed=1), T1),
+        (rayjob("Failed", "FAILED", failed=2, reason="AppFailed"), T2),
+    )
     assert (status["phase"], status["restarts"]) == ("Failed", 1)
 
 
@@ -220,12 +255,24 @@ def test_invalid_spec_fails_with_valid_false_and_the_rules_message() -> None:
 def test_valid_condition_is_kept_through_rayjob_updates() -> None:
     s0 = valid_condition({}, now=T0)
     s1, _ = next_status(s0, rayjob("Running", "RUNNING"), now=T1)
-    assert cond(s1, "Valid") == {"type": "Valid", "status": "True", "reason": "SpecValid",
-                                 "message": "the spec passed validation", "lastTransitionTime": T0}
+    assert cond(s1, "Valid") == {
+        "type": "Valid",
+        "status": "True",
+        "reason": "SpecValid",
+        "message": "the spec passed validation",
+        "lastTransitionTime": T0,
+    }
     assert [c["type"] for c in s1["conditions"]] == ["Valid", "Created", "Running", "Suspended", "Succeeded", "Failed"]
 
 
-@pytest.mark.parametrize(("text", "reason"), [("AppFailed", "AppFailed"), ("APP_FAILED", "AppFailed"), ("", "Unknown"),
-                                              ("deadline exceeded", "DeadlineExceeded")])
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("AppFailed", "AppFailed"),
+        ("APP_FAILED", "AppFailed"),
+        ("", "Unknown"),
+        ("deadline exceeded", "DeadlineExceeded"),
+    ],
+)
 def test_condition_reasons_are_camel_case(text: str, reason: str) -> None:
     assert camel_reason(text) == reason

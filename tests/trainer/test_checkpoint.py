@@ -89,8 +89,14 @@ def build(rank: int, world: int, port: int):
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    model = fsdp.prepare(load_causal_lm(TINY, torch.float32), device=torch.device("cpu"), dtype="float32",
-                         gradient_checkpointing=False, reshard_after_forward=True, param_offload=False)
+    model = fsdp.prepare(
+        load_causal_lm(TINY, torch.float32),
+        device=torch.device("cpu"),
+        dtype="float32",
+        gradient_checkpointing=False,
+        reshard_after_forward=True,
+        param_offload=False,
+    )
     optimizer = fsdp.make_optimizer(model, lr=1e-2, weight_decay=0.0)
     scheduler = fsdp.make_scheduler(optimizer, warmup_steps=2, total_steps=10, kind="cosine", min_lr_ratio=0.1)
     return model, optimizer, scheduler
@@ -121,8 +127,11 @@ def load_and_step(rank: int, world: int, port: int, folder: str, out: str) -> No
     model, optimizer, scheduler = build(rank, world, port)
     ckpt.load_sharded(folder, rank=rank, model=model, optimizer=optimizer, scheduler=scheduler)
     loaded = dict(fsdp.full_named_parameters(model))
-    exp_avg = {name: fsdp.full_tensor(optimizer.state[p]["exp_avg"]).clone()
-               for name, p in model.named_parameters() if p in optimizer.state}
+    exp_avg = {
+        name: fsdp.full_tensor(optimizer.state[p]["exp_avg"]).clone()
+        for name, p in model.named_parameters()
+        if p in optimizer.state
+    }
     torch.save({"params": loaded, "lr": optimizer.param_groups[0]["lr"], "exp_avg": exp_avg}, out)
     dist.destroy_process_group()
 

@@ -18,8 +18,9 @@ def test_trainer_subcommands_are_registered():
     assert (args.file, args.address, args.run_dir, args.steps) == ("job.yaml", "ray://x:10001", "out", 3)
     assert parser.parse_args(["export", "ckpt", "out"]).checkpoint == "ckpt"
     assert parser.parse_args(["plot", "runs/x"]).run_dir == "runs/x"
-    data = parser.parse_args(["data", "gsm8k-synth", "--out", "f.parquet", "--n", "5", "--seed", "2",
-                              "--split", "test"])
+    data = parser.parse_args(
+        ["data", "gsm8k-synth", "--out", "f.parquet", "--n", "5", "--seed", "2", "--split", "test"]
+    )
     assert (data.task, data.out, data.n, data.seed, data.split) == ("gsm8k-synth", "f.parquet", 5, 2, "test")
     stats = parser.parse_args(["stats", "a.parquet", "b.jsonl", "--tokenizer", "smollm2"])
     assert stats.files == ["a.parquet", "b.jsonl"] and stats.tokenizer == "smollm2"
@@ -29,8 +30,10 @@ def test_importing_commands_pulls_in_nothing_heavy():
     import subprocess
     import sys
 
-    code = ("import sys, kuberl.trainer.commands; "
-            "print(sorted(m for m in ('torch', 'ray', 'transformers') if m in sys.modules))")
+    code = (
+        "import sys, kuberl.trainer.commands; "
+        "print(sorted(m for m in ('torch', 'ray', 'transformers') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -110,7 +113,8 @@ def test_export_refuses_a_folder_without_checkpoints(tmp_path, capsys):
 
 def test_plot_writes_metrics_png(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(
-        "".join(json.dumps({"step": s, "critic/score/mean": s / 10, "perf/throughput": 5.0}) + "\n" for s in (1, 2)))
+        "".join(json.dumps({"step": s, "critic/score/mean": s / 10, "perf/throughput": 5.0}) + "\n" for s in (1, 2))
+    )
     assert main(["plot", str(tmp_path)]) == 0
     assert (tmp_path / "metrics.png").stat().st_size > 1000
 
@@ -124,8 +128,15 @@ def test_module_entrypoint_refuses_an_invalid_spec_file(tmp_path, capsys):
     from kuberl.trainer.run import main as run_main
 
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"model": {"path": TINY}, "data": {"trainFiles": ["x.parquet"]},
-                                "batch": {"trainBatchSize": 2, "ppoMiniBatchSize": 4}}))
+    spec.write_text(
+        json.dumps(
+            {
+                "model": {"path": TINY},
+                "data": {"trainFiles": ["x.parquet"]},
+                "batch": {"trainBatchSize": 2, "ppoMiniBatchSize": 4},
+            }
+        )
+    )
     assert run_main(["--spec-file", str(spec), "--name", "x"]) == 1
     assert "ppoMiniBatchSize" in capsys.readouterr().err
 

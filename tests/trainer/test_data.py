@@ -14,14 +14,19 @@ TOKENIZER = load_tokenizer("tiny://llama")
 
 
 def row(content: str = "What is 1+2?", ground_truth: Any = "3", **extra: Any) -> dict[str, Any]:
-    return {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": content}], "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": ground_truth},
-            "extra_info": {"split": "train", "index": 0, **extra}}
+    return {
+        "data_source": "openai/gsm8k",
+        "prompt": [{"role": "user", "content": content}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": ground_truth},
+        "extra_info": {"split": "train", "index": 0, **extra},
+    }
 
 
 def dataset(n: int, max_prompt_length: int = 1000) -> PromptDataset:
-    return PromptDataset([row(f"q{i}") for i in range(n)], TOKENIZER, max_prompt_length=max_prompt_length,
-                         filter_overlong=True)
+    return PromptDataset(
+        [row(f"q{i}") for i in range(n)], TOKENIZER, max_prompt_length=max_prompt_length, filter_overlong=True
+    )
 
 
 def indices(batches: list[list[Prompt]]) -> list[list[int]]:
@@ -29,6 +34,7 @@ def indices(batches: list[list[Prompt]]) -> list[list[int]]:
 
 
 # load_rows
+
 
 @pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
 def test_load_rows_reads_what_write_rows_wrote(tmp_path: Path, suffix: str) -> None:
@@ -87,22 +93,25 @@ def test_an_unsupported_suffix_lists_the_supported_ones(tmp_path: Path) -> None:
 
 # PromptDataset
 
+
 def test_prompts_are_the_chat_template_with_generation_prompt_tokenized() -> None:
     prompt = dataset(1)[0]
     assert TOKENIZER.decode(prompt.input_ids) == "<|im_start|>user\nq0<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_prompts_carry_source_ground_truth_extra_info_index_and_raw_chat() -> None:
-    prompt = PromptDataset([row(), row("x", ground_truth=42, answer="#### 42")], TOKENIZER, max_prompt_length=100,
-                           filter_overlong=False)[1]
+    prompt = PromptDataset(
+        [row(), row("x", ground_truth=42, answer="#### 42")], TOKENIZER, max_prompt_length=100, filter_overlong=False
+    )[1]
     assert (prompt.data_source, prompt.ground_truth, prompt.index) == ("openai/gsm8k", "42", 1)
     assert prompt.extra_info == {"split": "train", "index": 0, "answer": "#### 42"}
     assert prompt.raw_prompt == [{"role": "user", "content": "x"}]
 
 
 def test_overlong_prompts_are_filtered_and_counted_keeping_row_indices() -> None:
-    template = len(TOKENIZER.apply_chat_template([{"role": "user", "content": ""}], add_generation_prompt=True,
-                                                 tokenize=False))
+    template = len(
+        TOKENIZER.apply_chat_template([{"role": "user", "content": ""}], add_generation_prompt=True, tokenize=False)
+    )
     rows = [row("a" * 5), row("a" * 50), row("a" * 10)]
     data = PromptDataset(rows, TOKENIZER, max_prompt_length=template + 10, filter_overlong=True)
     assert data.num_filtered == 1
@@ -122,6 +131,7 @@ def test_a_prompt_that_is_not_a_chat_list_is_an_error() -> None:
 
 
 # PromptLoader
+
 
 def test_loader_length_counts_full_batches_only() -> None:
     loader = PromptLoader(dataset(10), 4, seed=0)
@@ -181,8 +191,11 @@ def test_a_state_saved_after_an_epochs_last_batch_resumes_at_the_next_epoch() ->
 
 
 def test_data_smaller_than_one_batch_names_the_numbers() -> None:
-    with pytest.raises(DataError, match=r"holds 3 prompts \(0 overlong filtered\), fewer than one batch of "
-                                        r"data.trainBatchSize=4"):
+    with pytest.raises(
+        DataError,
+        match=r"holds 3 prompts \(0 overlong filtered\), fewer than one batch of "
+        r"data.trainBatchSize=4",
+    ):
         PromptLoader(dataset(3), 4, seed=0)
 
 

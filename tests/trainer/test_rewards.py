@@ -32,6 +32,7 @@ def sample(solution: str = "#### 3", ground_truth: str = "3", data_source: str =
 
 # builtins
 
+
 def test_gsm8k_scores_one_when_the_last_marked_number_matches() -> None:
     assert gsm8k("openai/gsm8k", "2+1=3 so\n#### 3", "3") == 1.0
 
@@ -77,6 +78,7 @@ def test_default_names_an_unknown_data_source_and_the_builtins() -> None:
 
 
 # loading
+
 
 def test_load_reward_function_returns_builtins_by_name() -> None:
     assert {"gsm8k", "exact_match", "prefix_match", "default"} <= set(BUILTINS)
@@ -125,6 +127,7 @@ def test_load_reward_function_refuses_an_unknown_bare_name() -> None:
 
 # scoring
 
+
 def test_score_batch_turns_numbers_and_bools_into_float_scores() -> None:
     values = iter([1, True, 0.25])
     outputs = score_batch(lambda ds, sol, gt, extra: next(values), [sample()] * 3)
@@ -140,8 +143,7 @@ def test_score_batch_keeps_numeric_dict_keys_as_extras_and_leaves_out_the_rest()
 
 def test_score_batch_passes_verl_arguments_in_order() -> None:
     seen = []
-    score_batch(lambda *args: seen.append(args) or 0.0,
-                [RewardInput("src", "sol", "gt", {"split": "train"})])
+    score_batch(lambda *args: seen.append(args) or 0.0, [RewardInput("src", "sol", "gt", {"split": "train"})])
     assert seen == [("src", "sol", "gt", {"split": "train"})]
 
 
@@ -212,6 +214,7 @@ def test_async_functions_work_when_called_from_inside_an_event_loop() -> None:
 
 # reward model
 
+
 @pytest.fixture(scope="module")
 def reward_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("rm")
@@ -248,8 +251,9 @@ def test_reward_model_truncates_on_the_right(reward_model_dir: Path) -> None:
 def test_reward_model_runs_micro_batches_of_its_size(reward_model_dir: Path) -> None:
     scorer = RewardModelScorer(str(reward_model_dir), micro_batch_size=2, dtype=torch.float32, max_length=64)
     sizes = []
-    scorer.model.model.register_forward_hook(lambda module, args, kwargs, out: sizes.append(len(kwargs["input_ids"])),
-                                             with_kwargs=True)
+    scorer.model.model.register_forward_hook(
+        lambda module, args, kwargs, out: sizes.append(len(kwargs["input_ids"])), with_kwargs=True
+    )
     scorer.score(TEXTS)
     assert sizes == [2, 2, 1]
 

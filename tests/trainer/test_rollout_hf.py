@@ -61,7 +61,7 @@ def test_generation_stops_at_eos_and_pads_after_it(tokenizer):
     stopping = make_rollout("hf", model=model, pad_id=pad, eos_ids=[stop])
     batch = stopping.generate(prompts, 2, temperature=0.0, max_new_tokens=6)
     assert batch.responses.shape[1] == first + 1
-    assert batch.responses[0].tolist() == greedy[:first + 1]
+    assert batch.responses[0].tolist() == greedy[: first + 1]
     assert batch.response_mask.sum(-1).tolist() == [first + 1, first + 1]
 
 
@@ -94,8 +94,9 @@ def test_update_weights_refuses_unknown_names(rollout):
 
 def test_rollout_log_probs_are_returned_when_asked(tokenizer):
     model = load_causal_lm(TINY, torch.float32)
-    roll = make_rollout("hf", model=model, pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id],
-                        calculate_log_probs=True)
+    roll = make_rollout(
+        "hf", model=model, pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id], calculate_log_probs=True
+    )
     batch = roll.generate([prompt_ids(tokenizer, "q")], 2, temperature=1.0, max_new_tokens=3)
     assert batch.log_probs is not None and batch.log_probs.shape == batch.responses.shape
     assert (batch.log_probs <= 0).all()

@@ -43,7 +43,10 @@ def test_on_kuberay_the_pools_are_selected_by_their_node_label_and_weights_go_ov
     assert (layout.kind, layout.engines, layout.gpus_per_engine, layout.transport) == ("pools", 4, 2, "nccl")
     assert layout.trainer_label_selector == {POOL_LABEL: "trainer"}
     assert engine_actor_options(layout, 0, trainer_placement_group=None, share=0.2) == {
-        "num_cpus": 1, "num_gpus": 2, "label_selector": {POOL_LABEL: "rollout"}}
+        "num_cpus": 1,
+        "num_gpus": 2,
+        "label_selector": {POOL_LABEL: "rollout"},
+    }
 
 
 def test_locally_with_enough_gpus_the_engines_take_gpus_of_their_own():
@@ -57,8 +60,9 @@ def test_on_one_gpu_the_engine_shares_the_trainer_bundle_and_weights_go_by_cuda_
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    layout = plan_rollout_layout(spec(trainer_gpus=1, rollout_gpus=1, tp=1), cluster_gpus=1,
-                                 rollout_pool_labelled=False)
+    layout = plan_rollout_layout(
+        spec(trainer_gpus=1, rollout_gpus=1, tp=1), cluster_gpus=1, rollout_pool_labelled=False
+    )
     assert (layout.kind, layout.engines, layout.transport) == ("shared", 1, "ipc")
     pg = placement_group([{"CPU": 1.0}])
     ray.get(pg.ready())
@@ -70,14 +74,18 @@ def test_on_one_gpu_the_engine_shares_the_trainer_bundle_and_weights_go_by_cuda_
         remove_placement_group(pg)
 
 
-@pytest.mark.parametrize("trainer_gpus, rollout_gpus, tp, cluster_gpus", [
-    (1, 2, 1, 1),  # two engines, one trainer GPU to share
-    (2, 2, 2, 2),  # tensor parallel engines cannot share
-])
+@pytest.mark.parametrize(
+    "trainer_gpus, rollout_gpus, tp, cluster_gpus",
+    [
+        (1, 2, 1, 1),  # two engines, one trainer GPU to share
+        (2, 2, 2, 2),  # tensor parallel engines cannot share
+    ],
+)
 def test_a_layout_that_does_not_fit_names_the_fields(trainer_gpus, rollout_gpus, tp, cluster_gpus):
     with pytest.raises(PlacementError, match=r"cluster\.rollout: .* rollout\.tensorParallelSize"):
-        plan_rollout_layout(spec(trainer_gpus, rollout_gpus, tp), cluster_gpus=cluster_gpus,
-                            rollout_pool_labelled=False)
+        plan_rollout_layout(
+            spec(trainer_gpus, rollout_gpus, tp), cluster_gpus=cluster_gpus, rollout_pool_labelled=False
+        )
 
 
 def test_a_gpu_job_on_a_machine_without_enough_gpus_fails_at_once(local_ray, tmp_path):

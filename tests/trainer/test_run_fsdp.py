@@ -15,14 +15,22 @@ def tiny_spec(tmp_path: Path, **overrides) -> dict:
     spec = {
         "model": {"path": TINY, "dtype": "float32", "gradientCheckpointing": False},
         "algorithm": {"advantageEstimator": "grpo", "kl": {"loss": {"enabled": True, "coef": 0.01}}},
-        "data": {"trainFiles": [str(REPO / "examples/data/digits-train.parquet")], "maxPromptLength": 64,
-                 "maxResponseLength": 3},
+        "data": {
+            "trainFiles": [str(REPO / "examples/data/digits-train.parquet")],
+            "maxPromptLength": 64,
+            "maxResponseLength": 3,
+        },
         "reward": {"function": "default"},
         "batch": {"trainBatchSize": 4, "rolloutN": 2, "ppoMiniBatchSize": 2, "ppoMicroBatchSizePerGPU": 1},
         "rollout": {"engine": "hf"},
         "actor": {"optim": {"lr": 1e-3}},
-        "trainer": {"totalSteps": 2, "checkpointDir": str(tmp_path / "ckpt"), "metricsPort": 0,
-                    "valBeforeTrain": False, "loggers": ["jsonl"]},
+        "trainer": {
+            "totalSteps": 2,
+            "checkpointDir": str(tmp_path / "ckpt"),
+            "metricsPort": 0,
+            "valBeforeTrain": False,
+            "loggers": ["jsonl"],
+        },
         "cluster": {"device": "cpu", "trainer": {"nodes": 1, "gpusPerNode": 2}},
     }
     for path, value in overrides.items():
@@ -46,8 +54,17 @@ def test_grpo_with_kl_loss_runs_on_two_fsdp_ranks(tmp_path, local_ray):
     records = run(tmp_path, tiny_spec(tmp_path, **{"rollout.calculateLogProbs": True}), "grpo-2ranks")
     assert [r["step"] for r in records] == [1, 2]
     for r in records:
-        for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "critic/score/mean",
-                    "timing_s/gen", "timing_s/ref", "timing_s/update_actor", "perf/throughput"):
+        for key in (
+            "actor/pg_loss",
+            "actor/kl_loss",
+            "actor/entropy",
+            "actor/grad_norm",
+            "critic/score/mean",
+            "timing_s/gen",
+            "timing_s/ref",
+            "timing_s/update_actor",
+            "perf/throughput",
+        ):
             assert key in r, key
         assert r["actor/micro_batches"] == 2  # (2 prompts × 2 samples / 2 ranks) / micro 1
         assert r["training/rollout_probs_diff_max"] < 1e-3  # the trainer sees what the rollout sampled from
@@ -56,27 +73,39 @@ def test_grpo_with_kl_loss_runs_on_two_fsdp_ranks(tmp_path, local_ray):
 
 @pytest.mark.timeout(300)
 def test_ppo_with_a_critic_runs_on_two_fsdp_ranks(tmp_path, local_ray):
-    spec = tiny_spec(tmp_path, **{
-        "algorithm": {"advantageEstimator": "gae", "kl": {"inReward": True, "coef": 0.01}},
-        "critic": {"optim": {"lr": 1e-3}},
-        "batch.dynamicBatchSize": {"enabled": True, "maxTokenLenPerGPU": 128},
-    })
+    spec = tiny_spec(
+        tmp_path,
+        **{
+            "algorithm": {"advantageEstimator": "gae", "kl": {"inReward": True, "coef": 0.01}},
+            "critic": {"optim": {"lr": 1e-3}},
+            "batch.dynamicBatchSize": {"enabled": True, "maxTokenLenPerGPU": 128},
+        },
+    )
     records = run(tmp_path, spec, "ppo-2ranks")
     assert [r["step"] for r in records] == [1, 2]
     for r in records:
-        for key in ("critic/vf_loss", "critic/values/mean", "critic/vf_explained_var", "actor/reward_kl_penalty",
-                    "timing_s/values", "timing_s/update_critic"):
+        for key in (
+            "critic/vf_loss",
+            "critic/values/mean",
+            "critic/vf_explained_var",
+            "actor/reward_kl_penalty",
+            "timing_s/values",
+            "timing_s/update_critic",
+        ):
             assert key in r, key
     assert (tmp_path / "ckpt" / "global_step_2" / "critic" / "model.pt").exists()
 
 
 @pytest.mark.timeout(300)
 def test_a_reward_model_scores_the_responses(tmp_path, local_ray):
-    spec = tiny_spec(tmp_path, **{
-        "reward": {"model": {"path": TINY, "microBatchSizePerGPU": 4, "maxLength": 128}},
-        "algorithm": {"advantageEstimator": "grpo"},
-        "cluster.trainer.gpusPerNode": 1,
-        "trainer.totalSteps": 1,
-    })
+    spec = tiny_spec(
+        tmp_path,
+        **{
+            "reward": {"model": {"path": TINY, "microBatchSizePerGPU": 4, "maxLength": 128}},
+            "algorithm": {"advantageEstimator": "grpo"},
+            "cluster.trainer.gpusPerNode": 1,
+            "trainer.totalSteps": 1,
+        },
+    )
     (record,) = run(tmp_path, spec, "reward-model")
     assert record["critic/score/max"] != record["critic/score/min"]  # a (random) model gives graded scores

@@ -17,26 +17,59 @@ TINY = "tiny://llama?hidden=32&layers=1&heads=2&kv_heads=1&seed=0"
 
 @pytest.mark.timeout(400)
 def test_sigint_saves_a_checkpoint_at_the_step_boundary_and_exits_130(tmp_path):
-    doc = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "interrupted"}, "spec": {
-        "model": {"path": TINY, "dtype": "float32", "gradientCheckpointing": False},
-        "algorithm": {"advantageEstimator": "grpo"},
-        "data": {"trainFiles": [str(REPO / "examples/data/digits-train.parquet")], "maxPromptLength": 64,
-                 "maxResponseLength": 2},
-        "reward": {"function": "default"},
-        "batch": {"trainBatchSize": 4, "rolloutN": 2, "ppoMiniBatchSize": 4, "ppoMicroBatchSizePerGPU": 8},
-        "rollout": {"engine": "hf"},
-        "trainer": {"totalSteps": 1000, "checkpointDir": str(tmp_path / "ckpt"), "metricsPort": 0,
-                    "valBeforeTrain": False, "loggers": ["jsonl"]},
-        "cluster": {"device": "cpu", "trainer": {"nodes": 1, "gpusPerNode": 1}}}}
+    doc = {
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "interrupted"},
+        "spec": {
+            "model": {"path": TINY, "dtype": "float32", "gradientCheckpointing": False},
+            "algorithm": {"advantageEstimator": "grpo"},
+            "data": {
+                "trainFiles": [str(REPO / "examples/data/digits-train.parquet")],
+                "maxPromptLength": 64,
+                "maxResponseLength": 2,
+            },
+            "reward": {"function": "default"},
+            "batch": {"trainBatchSize": 4, "rolloutN": 2, "ppoMiniBatchSize": 4, "ppoMicroBatchSizePerGPU": 8},
+            "rollout": {"engine": "hf"},
+            "trainer": {
+                "totalSteps": 1000,
+                "checkpointDir": str(tmp_path / "ckpt"),
+                "metricsPort": 0,
+                "valBeforeTrain": False,
+                "loggers": ["jsonl"],
+            },
+            "cluster": {"device": "cpu", "trainer": {"nodes": 1, "gpusPerNode": 1}},
+        },
+    }
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text(yaml.safe_dump(doc))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(REPO / p) for p in ("api", "operator", "trainer")] + [os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(REPO / p) for p in ("api", "operator", "trainer")] + [os.environ.get("PYTHONPATH", "")]
+        ),
+    )
     metrics = tmp_path / "run" / "metrics.jsonl"
     # a new session, signalled as a whole, is what a terminal's Ctrl-C does to the foreground process group
-    proc = subprocess.Popen([sys.executable, "-m", "kuberl.cli", "run", str(spec_file), "--run-dir",
-                             str(tmp_path / "run"), "--no-progress"], cwd=REPO, env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kuberl.cli",
+            "run",
+            str(spec_file),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--no-progress",
+        ],
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):

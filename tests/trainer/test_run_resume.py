@@ -19,17 +19,34 @@ VOLATILE = ("timing_s/", "perf/")
 def spec(checkpoint_dir: Path) -> dict:
     return {
         "model": {"path": TINY, "dtype": "float32", "gradientCheckpointing": False},
-        "algorithm": {"advantageEstimator": "grpo",
-                      "kl": {"inReward": True, "coef": 0.05, "control": "adaptive", "target": 0.01, "horizon": 100,
-                             "loss": {"enabled": True, "coef": 0.01}}},
-        "data": {"trainFiles": [str(REPO / "examples/data/digits-train.parquet")], "maxPromptLength": 64,
-                 "maxResponseLength": 3},
+        "algorithm": {
+            "advantageEstimator": "grpo",
+            "kl": {
+                "inReward": True,
+                "coef": 0.05,
+                "control": "adaptive",
+                "target": 0.01,
+                "horizon": 100,
+                "loss": {"enabled": True, "coef": 0.01},
+            },
+        },
+        "data": {
+            "trainFiles": [str(REPO / "examples/data/digits-train.parquet")],
+            "maxPromptLength": 64,
+            "maxResponseLength": 3,
+        },
         "reward": {"function": "default"},
         "batch": {"trainBatchSize": 4, "rolloutN": 2, "ppoMiniBatchSize": 2, "ppoMicroBatchSizePerGPU": 2},
         "rollout": {"engine": "hf"},
         "actor": {"optim": {"lr": 5e-3, "warmupSteps": 2, "scheduler": "cosine", "minLrRatio": 0.1}},
-        "trainer": {"totalSteps": 6, "saveFreq": -1, "checkpointDir": str(checkpoint_dir), "metricsPort": 0,
-                    "valBeforeTrain": False, "loggers": ["jsonl"]},
+        "trainer": {
+            "totalSteps": 6,
+            "saveFreq": -1,
+            "checkpointDir": str(checkpoint_dir),
+            "metricsPort": 0,
+            "valBeforeTrain": False,
+            "loggers": ["jsonl"],
+        },
         "cluster": {"device": "cpu", "trainer": {"nodes": 1, "gpusPerNode": 2}},
     }
 

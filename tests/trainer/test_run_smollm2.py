@@ -23,17 +23,24 @@ def test_one_grpo_step_with_smollm2(tmp_path):
     from kuberl.trainer.run import run_job
 
     data = write_rows(gsm8k_synth(8, seed=0, split="train"), str(tmp_path / "gsm8k.parquet"))
-    spec = parse_spec({
-        "model": {"path": "smollm2", "dtype": "float32", "gradientCheckpointing": True},
-        "algorithm": {"advantageEstimator": "grpo", "kl": {"loss": {"enabled": True}}},
-        "data": {"trainFiles": [str(data)], "maxPromptLength": 256, "maxResponseLength": 16},
-        "reward": {"function": "gsm8k"},
-        "batch": {"trainBatchSize": 2, "rolloutN": 2, "ppoMiniBatchSize": 2, "ppoMicroBatchSizePerGPU": 2},
-        "rollout": {"engine": "hf"},
-        "trainer": {"totalSteps": 1, "checkpointDir": str(tmp_path / "ckpt"), "metricsPort": 0,
-                    "valBeforeTrain": False, "loggers": ["jsonl"]},
-        "cluster": {"device": "cpu", "trainer": {"nodes": 1, "gpusPerNode": 1}},
-    })
+    spec = parse_spec(
+        {
+            "model": {"path": "smollm2", "dtype": "float32", "gradientCheckpointing": True},
+            "algorithm": {"advantageEstimator": "grpo", "kl": {"loss": {"enabled": True}}},
+            "data": {"trainFiles": [str(data)], "maxPromptLength": 256, "maxResponseLength": 16},
+            "reward": {"function": "gsm8k"},
+            "batch": {"trainBatchSize": 2, "rolloutN": 2, "ppoMiniBatchSize": 2, "ppoMicroBatchSizePerGPU": 2},
+            "rollout": {"engine": "hf"},
+            "trainer": {
+                "totalSteps": 1,
+                "checkpointDir": str(tmp_path / "ckpt"),
+                "metricsPort": 0,
+                "valBeforeTrain": False,
+                "loggers": ["jsonl"],
+            },
+            "cluster": {"device": "cpu", "trainer": {"nodes": 1, "gpusPerNode": 1}},
+        }
+    )
     assert run_job("smollm2-step", spec, run_dir=str(tmp_path / "run"), show_progress=False) == 0
     (record,) = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     print({k: round(v, 2) for k, v in record.items() if k.startswith(("timing_s/", "perf/"))})

@@ -25,12 +25,30 @@ def test_tiny_cpu_example_raises_the_reward(tmp_path):
     doc["spec"]["trainer"].update(checkpointDir=str(tmp_path / "ckpt"), metricsPort=0)
     spec_file = tmp_path / "tiny-cpu.yaml"
     spec_file.write_text(yaml.safe_dump(doc))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(REPO / p) for p in ("api", "operator", "trainer")] + [os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(REPO / p) for p in ("api", "operator", "trainer")] + [os.environ.get("PYTHONPATH", "")]
+        ),
+    )
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "kuberl.cli", "run", str(spec_file), "--run-dir",
-                             str(tmp_path / "run"), "--no-progress"], cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=580)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kuberl.cli",
+            "run",
+            str(spec_file),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--no-progress",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=580,
+    )
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "critic/score/mean" in r]

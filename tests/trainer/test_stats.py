@@ -25,8 +25,10 @@ def test_percentiles_are_nearest_rank() -> None:
 
 def test_prompt_lengths_match_what_the_trainer_tokenizes(tmp_path: Path) -> None:
     path = str(write_rows(gsm8k_synth(50, seed=0, split="train"), str(tmp_path / "d.parquet")))
-    lengths = sorted(len(p.input_ids) for p in PromptDataset(load_rows([path]), TOKENIZER, max_prompt_length=10**6,
-                                                             filter_overlong=False))
+    lengths = sorted(
+        len(p.input_ids)
+        for p in PromptDataset(load_rows([path]), TOKENIZER, max_prompt_length=10**6, filter_overlong=False)
+    )
     stats = length_stats([path], TOKENIZER, "prompt")
     assert stats["rows"] == 50
     assert stats["prompt_tokens"]["max"] == lengths[-1] and stats["prompt_tokens"]["p50"] == lengths[24]

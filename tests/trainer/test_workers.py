@@ -15,18 +15,22 @@ TINY = "tiny://llama?hidden=32&layers=2&heads=2&kv_heads=1&seed=1"
 
 
 def spec_for(dp: int, **batch) -> object:
-    return parse_spec({
-        "model": {"path": TINY, "dtype": "float32", "gradientCheckpointing": False},
-        "algorithm": {"advantageEstimator": "grpo"},
-        "data": {"trainFiles": [str(REPO / "examples/data/digits-train.parquet")], "maxPromptLength": 16,
-                 "maxResponseLength": 6},
-        "batch": {"trainBatchSize": 4, "rolloutN": 2, "ppoMiniBatchSize": 4, "ppoMicroBatchSizePerGPU": 1,
-                  **batch},
-        "rollout": {"engine": "hf", "calculateLogProbs": True},
-        "actor": {"optim": {"lr": 1e-2, "weightDecay": 0.0}},
-        "trainer": {"metricsPort": 0},
-        "cluster": {"device": "cpu", "trainer": {"nodes": 1, "gpusPerNode": dp}},
-    })
+    return parse_spec(
+        {
+            "model": {"path": TINY, "dtype": "float32", "gradientCheckpointing": False},
+            "algorithm": {"advantageEstimator": "grpo"},
+            "data": {
+                "trainFiles": [str(REPO / "examples/data/digits-train.parquet")],
+                "maxPromptLength": 16,
+                "maxResponseLength": 6,
+            },
+            "batch": {"trainBatchSize": 4, "rolloutN": 2, "ppoMiniBatchSize": 4, "ppoMicroBatchSizePerGPU": 1, **batch},
+            "rollout": {"engine": "hf", "calculateLogProbs": True},
+            "actor": {"optim": {"lr": 1e-2, "weightDecay": 0.0}},
+            "trainer": {"metricsPort": 0},
+            "cluster": {"device": "cpu", "trainer": {"nodes": 1, "gpusPerNode": dp}},
+        }
+    )
 
 
 class Group:
@@ -39,8 +43,9 @@ class Group:
         dp = spec.cluster.trainer.gpus_per_node
         self.pg = placement_group([{"CPU": 1.0}] * dp)
         ray.get(self.pg.ready())
-        self.group = WorkerGroup(ActorWorker, role="actor", spec=spec, placement_group=self.pg, world_size=dp,
-                                 threads=1)
+        self.group = WorkerGroup(
+            ActorWorker, role="actor", spec=spec, placement_group=self.pg, world_size=dp, threads=1
+        )
         self.info = self.group.all("init_model", 10)[0]
 
     def close(self) -> None:
@@ -56,11 +61,15 @@ def fixed_rows() -> dict[str, torch.Tensor]:
     n, p, r = 8, 7, 6
     prompt_lens = [7, 3, 5, 2, 6, 4, 7, 1]
     response_lens = [6, 2, 4, 1, 3, 6, 5, 2]
-    rows = {"prompts": torch.zeros(n, p, dtype=torch.long), "prompt_mask": torch.zeros(n, p, dtype=torch.long),
-            "responses": torch.zeros(n, r, dtype=torch.long), "response_mask": torch.zeros(n, r, dtype=torch.long)}
+    rows = {
+        "prompts": torch.zeros(n, p, dtype=torch.long),
+        "prompt_mask": torch.zeros(n, p, dtype=torch.long),
+        "responses": torch.zeros(n, r, dtype=torch.long),
+        "response_mask": torch.zeros(n, r, dtype=torch.long),
+    }
     for i, (pl, rl) in enumerate(zip(prompt_lens, response_lens, strict=True)):
-        rows["prompts"][i, p - pl:] = torch.randint(4, 100, (pl,), generator=gen)
-        rows["prompt_mask"][i, p - pl:] = 1
+        rows["prompts"][i, p - pl :] = torch.randint(4, 100, (pl,), generator=gen)
+        rows["prompt_mask"][i, p - pl :] = 1
         rows["responses"][i, :rl] = torch.randint(4, 100, (rl,), generator=gen)
         rows["response_mask"][i, :rl] = 1
     rows["advantages"] = torch.randn(n, 1, generator=gen).expand(n, r) * rows["response_mask"]
@@ -79,7 +88,7 @@ def train(spec, steps: int = 1) -> tuple[dict[str, torch.Tensor], list[float]]:
         rows = fixed_rows()
         keys = ("prompts", "prompt_mask", "responses", "response_mask")
         per = len(rows["responses"]) // dp
-        shards = [{k: rows[k][i * per:(i + 1) * per] for k in keys} for i in range(dp)]
+        shards = [{k: rows[k][i * per : (i + 1) * per] for k in keys} for i in range(dp)]
         totals = [{"tokens": float(rows["response_mask"].sum()), "seqs": 8.0}]
         old = group.group.each("compute_log_probs", [(s,) for s in shards])
         rows["old_log_probs"] = torch.cat([o["log_probs"] for o in old])
@@ -158,7 +167,7 @@ def test_lora_reference_is_the_base_model_and_the_rollout_gets_merged_weights(lo
     try:
         rows = fixed_rows()
         keys = ("prompts", "prompt_mask", "responses", "response_mask")
-        shards = [{k: rows[k][i * 4:(i + 1) * 4] for k in keys} for i in range(2)]
+        shards = [{k: rows[k][i * 4 : (i + 1) * 4] for k in keys} for i in range(2)]
         policy = torch.cat([o["log_probs"] for o in group.group.each("compute_log_probs", [(s,) for s in shards])])
         ref = torch.cat([o["ref_log_probs"] for o in group.group.each("compute_ref_log_probs", [(s,) for s in shards])])
         torch.testing.assert_close(policy, ref)  # lora_B starts at zero: the adapter is a no-op
@@ -169,8 +178,9 @@ def test_lora_reference_is_the_base_model_and_the_rollout_gets_merged_weights(lo
         totals = [{"tokens": float(rows["response_mask"].sum()), "seqs": 8.0}]
         group.group.each("update", [(m, totals) for m in shard_mini_batches(rows, mini_batch_rows=8, dp=2)])
         after = torch.cat([o["log_probs"] for o in group.group.each("compute_log_probs", [(s,) for s in shards])])
-        ref_after = torch.cat([o["ref_log_probs"]
-                               for o in group.group.each("compute_ref_log_probs", [(s,) for s in shards])])
+        ref_after = torch.cat(
+            [o["ref_log_probs"] for o in group.group.each("compute_ref_log_probs", [(s,) for s in shards])]
+        )
         torch.testing.assert_close(ref_after, ref)  # the base weights are frozen
         assert not torch.allclose(after, policy)
         merged = group.group.all("full_weights")[0]

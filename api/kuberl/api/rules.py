@@ -247,7 +247,7 @@ RULES: tuple[Rule, ...] = (
         id="lora-rank-fits-vllm",
         field="model.lora.rank",
         rule=f"!has(self.model.lora) || self.rollout.engine != 'vllm' || self.model.lora.rank <= {VLLM_MAX_LORA_RANK}",
-        message="model.lora.rank = ${self.model.lora.rank} exceeds vLLM's largest LoRA rank " f"{VLLM_MAX_LORA_RANK}",
+        message=f"model.lora.rank = ${{self.model.lora.rank}} exceeds vLLM's largest LoRA rank {VLLM_MAX_LORA_RANK}",
         verl="R15",
     ),
     Rule(

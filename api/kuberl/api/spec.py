@@ -61,7 +61,9 @@ class SpecModel(BaseModel):
 
 
 class LoRA(SpecModel):
-    rank: int = Field(ge=1, le=1024, description="LoRA rank r; the reference policy is the base model without the adapter.")
+    rank: int = Field(
+        ge=1, le=1024, description="LoRA rank r; the reference policy is the base model without the adapter."
+    )
     alpha: int = Field(16, ge=1, le=4096, description="LoRA alpha (scaling = alpha / rank).")
     target_modules: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
         default_factory=lambda: ["all-linear"],
@@ -94,7 +96,8 @@ class KLLoss(SpecModel):
     enabled: bool = Field(False, description="Add coef × KL(policy ‖ reference) to the actor loss (GRPO's way).")
     coef: float = Field(0.001, ge=0, le=10, description="KL-loss coefficient.")
     type: KLKind = Field(
-        "k3", description="KL estimator: k1 (log-ratio), k2 (squared log-ratio / 2), k3 (low-variance, verl's low_var_kl), abs."
+        "k3",
+        description="KL estimator: k1 (log-ratio), k2 (squared log-ratio / 2), k3 (low-variance, verl's low_var_kl), abs.",
     )
 
 
@@ -116,10 +119,12 @@ class Algorithm(SpecModel):
     gamma: float = Field(1.0, ge=0, le=1, description="Discount factor.")
     lam: float = Field(1.0, ge=0, le=1, description="GAE λ.")
     clip_ratio_low: float = Field(0.2, ge=0, le=1, description="PPO lower clip ε_low: ratio ≥ 1 − ε_low.")
-    clip_ratio_high: float = Field(0.2, ge=0, le=10, description="PPO upper clip ε_high: ratio ≤ 1 + ε_high (DAPO's clip-higher raises it).")
+    clip_ratio_high: float = Field(
+        0.2, ge=0, le=10, description="PPO upper clip ε_high: ratio ≤ 1 + ε_high (DAPO's clip-higher raises it)."
+    )
     clip_ratio_c: float = Field(3.0, le=100, description="Dual-clip bound c for negative advantages; must exceed 1.")
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = Field(
-        "token-mean", description="How token losses become one number, normalised over the global mini-batch."
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
+        Field("token-mean", description="How token losses become one number, normalised over the global mini-batch.")
     )
     entropy_coef: float = Field(0.0, ge=0, le=1, description="Entropy bonus coefficient (verl's default is 0).")
     kl: KL = Field(default_factory=KL, description="KL regularisation against the reference policy.")
@@ -129,8 +134,12 @@ class Algorithm(SpecModel):
 
 
 class Data(SpecModel):
-    train_files: list[PathStr] = Field(min_length=1, max_length=64, description="Parquet or JSONL files in verl's schema.")
-    val_files: list[PathStr] = Field(default_factory=list, max_length=64, description="Validation files; empty disables validation.")
+    train_files: list[PathStr] = Field(
+        min_length=1, max_length=64, description="Parquet or JSONL files in verl's schema."
+    )
+    val_files: list[PathStr] = Field(
+        default_factory=list, max_length=64, description="Validation files; empty disables validation."
+    )
     prompt_key: ShortStr = Field("prompt", description="Column holding the chat-format prompt.")
     max_prompt_length: int = Field(512, ge=1, le=131072, description="Prompt tokens after the chat template.")
     max_response_length: int = Field(512, ge=1, le=131072, description="Generated tokens per response.")
@@ -142,8 +151,12 @@ class Data(SpecModel):
 
 
 class RewardModel(SpecModel):
-    path: PathStr = Field(description="A sequence-classification model (local folder) whose last-token logit is the score.")
-    micro_batch_size_per_gpu: int = Field(8, ge=1, le=4096, description="Responses scored per forward pass on each GPU.")
+    path: PathStr = Field(
+        description="A sequence-classification model (local folder) whose last-token logit is the score."
+    )
+    micro_batch_size_per_gpu: int = Field(
+        8, ge=1, le=4096, description="Responses scored per forward pass on each GPU."
+    )
     max_length: int = Field(2048, ge=1, le=262144, description="Tokens of prompt + response the reward model reads.")
 
 
@@ -161,7 +174,9 @@ class Reward(SpecModel):
 
 class DynamicBatchSize(SpecModel):
     enabled: bool = Field(False, description="Cut micro-batches by a token budget instead of a row count.")
-    max_token_len_per_gpu: int = Field(16384, ge=1, le=4_194_304, description="Token budget of one micro-batch per GPU.")
+    max_token_len_per_gpu: int = Field(
+        16384, ge=1, le=4_194_304, description="Token budget of one micro-batch per GPU."
+    )
 
 
 class Batch(SpecModel):
@@ -169,13 +184,21 @@ class Batch(SpecModel):
     rollout_n: int = Field(1, ge=1, le=1024, description="Responses sampled per prompt (the GRPO/RLOO group size).")
     ppo_mini_batch_size: int = Field(256, ge=1, le=1_048_576, description="Prompts per optimizer step, global.")
     ppo_micro_batch_size_per_gpu: int | None = Field(
-        None, ge=1, le=65536, description="Responses per forward/backward on each GPU; required unless dynamicBatchSize is on."
+        None,
+        ge=1,
+        le=65536,
+        description="Responses per forward/backward on each GPU; required unless dynamicBatchSize is on.",
     )
     log_prob_micro_batch_size_per_gpu: int | None = Field(
-        None, ge=1, le=65536, description="Responses per forward-only pass (old/reference log-probs); defaults to ppoMicroBatchSizePerGPU."
+        None,
+        ge=1,
+        le=65536,
+        description="Responses per forward-only pass (old/reference log-probs); defaults to ppoMicroBatchSizePerGPU.",
     )
     ppo_epochs: int = Field(1, ge=1, le=100, description="Passes over each rollout batch.")
-    dynamic_batch_size: DynamicBatchSize = Field(default_factory=DynamicBatchSize, description="Token-budget micro-batching.")
+    dynamic_batch_size: DynamicBatchSize = Field(
+        default_factory=DynamicBatchSize, description="Token-budget micro-batching."
+    )
 
 
 # --- rollout -----------------------------------------------------------------------
@@ -189,9 +212,12 @@ class Validation(SpecModel):
 
 
 class Rollout(SpecModel):
-    engine: Literal["vllm", "hf"] = Field("vllm", description="vllm on GPUs; hf (transformers generate) for CPU runs and debugging.")
+    engine: Literal["vllm", "hf"] = Field(
+        "vllm", description="vllm on GPUs; hf (transformers generate) for CPU runs and debugging."
+    )
     placement: Literal["colocated", "separate"] = Field(
-        "colocated", description="colocated: rollout shares the trainer GPUs (sleep/wake); separate: its own pool, cluster.rollout."
+        "colocated",
+        description="colocated: rollout shares the trainer GPUs (sleep/wake); separate: its own pool, cluster.rollout.",
     )
     tensor_parallel_size: int = Field(
         1, ge=1, le=64, description="GPUs per vLLM engine. verl defaults to 2; 1 keeps a single-GPU pool valid."
@@ -200,10 +226,14 @@ class Rollout(SpecModel):
     temperature: float = Field(1.0, ge=0, le=10, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
     top_k: int = Field(-1, ge=-1, le=1_000_000, description="Top-k sampling; -1 disables it.")
-    max_num_batched_tokens: int = Field(8192, ge=1, le=4_194_304, description="vLLM scheduler token budget per iteration.")
+    max_num_batched_tokens: int = Field(
+        8192, ge=1, le=4_194_304, description="vLLM scheduler token budget per iteration."
+    )
     max_num_seqs: int = Field(256, ge=1, le=65536, description="vLLM concurrent sequences.")
     enforce_eager: bool = Field(False, description="Disable CUDA graphs in vLLM.")
-    calculate_log_probs: bool = Field(False, description="Return rollout log-probs (training/rollout_probs_diff_* metrics).")
+    calculate_log_probs: bool = Field(
+        False, description="Return rollout log-probs (training/rollout_probs_diff_* metrics)."
+    )
     val: Validation = Field(default_factory=Validation, description="Sampling used for validation.")
 
 
@@ -222,7 +252,9 @@ class Optim(SpecModel):
 class FSDP(SpecModel):
     param_offload: bool = Field(False, description="Keep parameters in CPU memory between phases.")
     optimizer_offload: bool = Field(False, description="Keep optimizer state in CPU memory between phases.")
-    reshard_after_forward: bool = Field(True, description="Free gathered parameters after forward (ZeRO-3); false keeps them (ZeRO-2).")
+    reshard_after_forward: bool = Field(
+        True, description="Free gathered parameters after forward (ZeRO-3); false keeps them (ZeRO-2)."
+    )
 
 
 class Actor(SpecModel):
@@ -235,7 +267,9 @@ class CriticOptim(Optim):
 
 
 class Critic(SpecModel):
-    model_path: PathStr | None = Field(None, description="Critic initialisation; defaults to model.path with a fresh value head.")
+    model_path: PathStr | None = Field(
+        None, description="Critic initialisation; defaults to model.path with a fresh value head."
+    )
     optim: CriticOptim = Field(default_factory=CriticOptim, description="Critic optimizer.")
     fsdp: FSDP = Field(default_factory=FSDP, description="Critic FSDP2 options.")
     cliprange_value: float = Field(0.5, gt=0, le=1e6, description="Value clipping range around the old values.")
@@ -252,15 +286,33 @@ Logger = Literal["console", "jsonl", "tensorboard", "wandb"]
 
 class Trainer(SpecModel):
     total_epochs: int = Field(30, ge=1, le=100_000, description="Passes over the training data.")
-    total_steps: int | None = Field(None, ge=1, le=100_000_000, description="Stop after this many steps (overrides epochs).")
-    save_freq: int = Field(-1, ge=-1, le=100_000_000, description="Checkpoint every N steps and at the last step; -1 only at the last step.")
-    test_freq: int = Field(-1, ge=-1, le=100_000_000, description="Validate every N steps and at the last step; -1 disables periodic validation.")
+    total_steps: int | None = Field(
+        None, ge=1, le=100_000_000, description="Stop after this many steps (overrides epochs)."
+    )
+    save_freq: int = Field(
+        -1,
+        ge=-1,
+        le=100_000_000,
+        description="Checkpoint every N steps and at the last step; -1 only at the last step.",
+    )
+    test_freq: int = Field(
+        -1,
+        ge=-1,
+        le=100_000_000,
+        description="Validate every N steps and at the last step; -1 disables periodic validation.",
+    )
     val_before_train: bool = Field(True, description="Validate once before the first step.")
-    max_checkpoints: int | None = Field(None, ge=1, le=10000, description="Keep at most this many checkpoints (oldest removed).")
+    max_checkpoints: int | None = Field(
+        None, ge=1, le=10000, description="Keep at most this many checkpoints (oldest removed)."
+    )
     checkpoint_dir: PathStr = Field("checkpoints", description="Where checkpoints go; on Kubernetes, a mounted volume.")
-    resume: PathStr = Field("auto", description='"auto" (latest in checkpointDir), "disable", or a path to a global_step_N folder.')
+    resume: PathStr = Field(
+        "auto", description='"auto" (latest in checkpointDir), "disable", or a path to a global_step_N folder.'
+    )
     loggers: list[Logger] = Field(
-        default_factory=lambda: list[Logger](["console", "jsonl"]), max_length=4, description="Metric sinks besides Prometheus."
+        default_factory=lambda: list[Logger](["console", "jsonl"]),
+        max_length=4,
+        description="Metric sinks besides Prometheus.",
     )
     metrics_port: int = Field(9400, ge=0, le=65535, description="Prometheus endpoint of the trainer (0 disables).")
 
@@ -273,7 +325,9 @@ class Toleration(SpecModel):
     operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal.")
     value: Annotated[str, Field(max_length=253)] | None = Field(None, description="Taint value.")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="Taint effect.")
-    toleration_seconds: int | None = Field(None, ge=0, le=2**31 - 1, description="How long a NoExecute taint is tolerated.")
+    toleration_seconds: int | None = Field(
+        None, ge=0, le=2**31 - 1, description="How long a NoExecute taint is tolerated."
+    )
 
 
 class EnvVar(SpecModel):
@@ -304,41 +358,75 @@ class NodePool(SpecModel):
     cpu: Quantity = Field("16", description="CPU request and limit per pod.")
     memory: Quantity = Field("128Gi", description="Memory request and limit per pod.")
     shared_memory: Quantity = Field("16Gi", description="Size of the memory-backed /dev/shm (NCCL, Ray object store).")
-    node_selector: LabelMap = Field(default_factory=dict, description="Node labels the pods must match (the GPU node pool).")
-    tolerations: list[Toleration] = Field(default_factory=list, max_length=32, description="Tolerations for the pool's taints.")
+    node_selector: LabelMap = Field(
+        default_factory=dict, description="Node labels the pods must match (the GPU node pool)."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Tolerations for the pool's taints."
+    )
     affinity: FreeForm | None = Field(None, description="A Kubernetes Affinity, passed through to the pods.")
 
 
 class HeadNode(SpecModel):
     cpu: Quantity = Field("4", description="CPU of the Ray head pod (it runs the single controller, no GPUs).")
     memory: Quantity = Field("16Gi", description="Memory of the Ray head pod.")
-    node_selector: LabelMap = Field(default_factory=dict, description="Node labels for the head pod (keep it off GPU nodes).")
-    tolerations: list[Toleration] = Field(default_factory=list, max_length=32, description="Tolerations of the head pod.")
+    node_selector: LabelMap = Field(
+        default_factory=dict, description="Node labels for the head pod (keep it off GPU nodes)."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Tolerations of the head pod."
+    )
 
 
 class Cluster(SpecModel):
-    device: Literal["cuda", "cpu"] = Field("cuda", description="cuda: NCCL on GPUs; cpu: gloo on CPU ranks (tests, laptops).")
+    device: Literal["cuda", "cpu"] = Field(
+        "cuda", description="cuda: NCCL on GPUs; cpu: gloo on CPU ranks (tests, laptops)."
+    )
     image: Annotated[str, Field(min_length=1, max_length=512)] = Field(
         "kuberl/trainer:0.1.0", description="Trainer image (kuberl[gpu]); every Ray pod runs it."
     )
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field("IfNotPresent", description="Image pull policy.")
-    service_account_name: Annotated[str, Field(max_length=253)] | None = Field(None, description="Service account of the Ray pods.")
-    ray_version: Annotated[str, Field(max_length=32)] = Field("2.60.0", description="Ray version in the image (KubeRay picks its commands by it).")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Image pull policy."
+    )
+    service_account_name: Annotated[str, Field(max_length=253)] | None = Field(
+        None, description="Service account of the Ray pods."
+    )
+    ray_version: Annotated[str, Field(max_length=32)] = Field(
+        "2.60.0", description="Ray version in the image (KubeRay picks its commands by it)."
+    )
     env: list[EnvVar] = Field(default_factory=list, max_length=64, description="Extra environment of every Ray pod.")
-    volumes: list[Volume] = Field(default_factory=list, max_length=32, description="Volumes (checkpoints, data, models) for every Ray pod.")
-    volume_mounts: list[VolumeMount] = Field(default_factory=list, max_length=32, description="Where the volumes are mounted.")
+    volumes: list[Volume] = Field(
+        default_factory=list, max_length=32, description="Volumes (checkpoints, data, models) for every Ray pod."
+    )
+    volume_mounts: list[VolumeMount] = Field(
+        default_factory=list, max_length=32, description="Where the volumes are mounted."
+    )
     head: HeadNode = Field(default_factory=HeadNode, description="The Ray head pod.")
-    trainer: NodePool = Field(default_factory=NodePool, description="The FSDP trainer pool (and the colocated rollout).")
-    rollout: NodePool | None = Field(None, description="The vLLM rollout pool; required exactly when rollout.placement is separate.")
-    queue_name: Annotated[str, Field(max_length=253)] | None = Field(None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name).")
-    priority_class_name: Annotated[str, Field(max_length=253)] | None = Field(None, description="PriorityClass of the Ray pods.")
+    trainer: NodePool = Field(
+        default_factory=NodePool, description="The FSDP trainer pool (and the colocated rollout)."
+    )
+    rollout: NodePool | None = Field(
+        None, description="The vLLM rollout pool; required exactly when rollout.placement is separate."
+    )
+    queue_name: Annotated[str, Field(max_length=253)] | None = Field(
+        None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name)."
+    )
+    priority_class_name: Annotated[str, Field(max_length=253)] | None = Field(
+        None, description="PriorityClass of the Ray pods."
+    )
 
 
 class RunPolicy(SpecModel):
     suspend: bool = Field(False, description="Suspend the job (deletes its Ray cluster; Kueue toggles this).")
-    backoff_limit: int = Field(0, ge=0, le=100, description="Retries, each on a new Ray cluster resuming from the last checkpoint.")
-    active_deadline_seconds: int | None = Field(None, ge=1, le=2**31 - 1, description="Fail the job after this many seconds.")
-    ttl_seconds_after_finished: int = Field(0, ge=0, le=2**31 - 1, description="Keep the finished Ray cluster this long.")
+    backoff_limit: int = Field(
+        0, ge=0, le=100, description="Retries, each on a new Ray cluster resuming from the last checkpoint."
+    )
+    active_deadline_seconds: int | None = Field(
+        None, ge=1, le=2**31 - 1, description="Fail the job after this many seconds."
+    )
+    ttl_seconds_after_finished: int = Field(
+        0, ge=0, le=2**31 - 1, description="Keep the finished Ray cluster this long."
+    )
 
 
 class RLJobSpec(SpecModel):

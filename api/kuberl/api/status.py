@@ -44,15 +44,19 @@ Name = Annotated[str, Field(max_length=253)]
 class Condition(StatusModel):
     """metav1.Condition."""
 
-    type: Annotated[str, Field(min_length=1, max_length=316)] = Field(description="Condition type, e.g. Valid, Running.")
-    status: Annotated[str, Field(pattern=r"^(True|False|Unknown)$", max_length=7)] = Field(description="True, False or Unknown.")
+    type: Annotated[str, Field(min_length=1, max_length=316)] = Field(
+        description="Condition type, e.g. Valid, Running."
+    )
+    status: Annotated[str, Field(pattern=r"^(True|False|Unknown)$", max_length=7)] = Field(
+        description="True, False or Unknown."
+    )
     observed_generation: int | None = Field(None, ge=0, description="metadata.generation the condition was set for.")
     last_transition_time: Annotated[str, Field(max_length=64)] = Field(
         description="When status last changed (RFC 3339).", json_schema_extra={"format": "date-time"}
     )
-    reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")] = Field(
-        description="CamelCase reason."
-    )
+    reason: Annotated[
+        str, Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    ] = Field(description="CamelCase reason.")
     message: Text = Field("", description="Human-readable detail.")
 
 
@@ -61,8 +65,12 @@ class Progress(StatusModel):
     total_steps: int | None = Field(None, ge=0, description="Steps the run will make.")
     epoch: int = Field(0, ge=0, description="Current epoch.")
     reward_mean: float | None = Field(None, description="Mean score of the last step's responses.")
-    last_checkpoint: Annotated[str, Field(max_length=1024)] | None = Field(None, description="Path of the newest checkpoint.")
-    tokens_per_second: float | None = Field(None, ge=0, description="Tokens (prompt + response) per second in the last step.")
+    last_checkpoint: Annotated[str, Field(max_length=1024)] | None = Field(
+        None, description="Path of the newest checkpoint."
+    )
+    tokens_per_second: float | None = Field(
+        None, ge=0, description="Tokens (prompt + response) per second in the last step."
+    )
     updated_at: Annotated[str, Field(max_length=64)] | None = Field(
         None, description="When the trainer last reported (RFC 3339).", json_schema_extra={"format": "date-time"}
     )
@@ -71,11 +79,15 @@ class Progress(StatusModel):
 class RLJobStatus(StatusModel):
     phase: Phase | None = Field(None, description="Pending, Running, Restarting, Suspended, Succeeded or Failed.")
     message: Text | None = Field(None, description="Why the job is in this phase.")
-    conditions: list[Condition] = Field(default_factory=list, max_length=16, description="Latest observations (metav1.Condition).")
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=16, description="Latest observations (metav1.Condition)."
+    )
     observed_generation: int | None = Field(None, ge=0, description="metadata.generation the operator last reconciled.")
     ray_job_name: Name | None = Field(None, description="The RayJob running this RLJob.")
     ray_cluster_name: Name | None = Field(None, description="The RayCluster of the current attempt.")
-    dashboard_url: Annotated[str, Field(max_length=2048)] | None = Field(None, description="Ray dashboard of the current attempt.")
+    dashboard_url: Annotated[str, Field(max_length=2048)] | None = Field(
+        None, description="Ray dashboard of the current attempt."
+    )
     restarts: int = Field(0, ge=0, description="Failed attempts that KubeRay retried.")
     start_time: Annotated[str, Field(max_length=64)] | None = Field(
         None, description="When the job started running.", json_schema_extra={"format": "date-time"}

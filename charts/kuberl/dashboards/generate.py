@@ -35,10 +35,11 @@ def dcgm(metric: str) -> str:
     those arrive as `exported_pod`/`exported_namespace` (the exporter's own pod takes `pod`). Both shapes are
     normalised, then joined with the Ray pods' scrape targets (`up{rljob=...}`, from the chart's PodMonitor).
     """
-    normalised = (f'label_replace(label_replace({metric}, "pod", "$1", "exported_pod", "(.+)"), '
-                  f'"namespace", "$1", "exported_namespace", "(.+)")')
-    return (f"({normalised} * on (namespace, pod) group_left (rljob) "
-            f"group by (namespace, pod, rljob) (up{{{JOB}}}))")
+    normalised = (
+        f'label_replace(label_replace({metric}, "pod", "$1", "exported_pod", "(.+)"), '
+        f'"namespace", "$1", "exported_namespace", "(.+)")'
+    )
+    return f"({normalised} * on (namespace, pod) group_left (rljob) group by (namespace, pod, rljob) (up{{{JOB}}}))"
 
 
 def ray_gpu(metric: str) -> str:
@@ -94,8 +95,16 @@ class Layout:
     def row(self, title: str) -> None:
         if self.x:
             self.x, self.y, self.row_h = 0, self.y + self.row_h, 0
-        self.panels.append({"type": "row", "title": title, "id": self.next_id, "collapsed": False, "panels": [],
-                            "gridPos": {"x": 0, "y": self.y, "w": 24, "h": 1}})
+        self.panels.append(
+            {
+                "type": "row",
+                "title": title,
+                "id": self.next_id,
+                "collapsed": False,
+                "panels": [],
+                "gridPos": {"x": 0, "y": self.y, "w": 24, "h": 1},
+            }
+        )
         self.next_id += 1
         self.y += 1
 
@@ -111,13 +120,27 @@ def targets(*pairs: tuple[str, str], instant: bool = False) -> list[dict[str, An
     return [target(expr, legend, chr(ord("A") + i), instant) for i, (expr, legend) in enumerate(pairs)]
 
 
-def timeseries(title: str, description: str, tgts: list[dict[str, Any]], unit: str = "short", *,
-               stack: bool = False, min_: float | None = None, max_: float | None = None,
-               decimals: int | None = None) -> dict[str, Any]:
+def timeseries(
+    title: str,
+    description: str,
+    tgts: list[dict[str, Any]],
+    unit: str = "short",
+    *,
+    stack: bool = False,
+    min_: float | None = None,
+    max_: float | None = None,
+    decimals: int | None = None,
+) -> dict[str, Any]:
     defaults: dict[str, Any] = {
         "unit": unit,
-        "custom": {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 40 if stack else 10, "showPoints": "never",
-                   "spanNulls": True, "stacking": {"mode": "normal" if stack else "none", "group": "A"}},
+        "custom": {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 40 if stack else 10,
+            "showPoints": "never",
+            "spanNulls": True,
+            "stacking": {"mode": "normal" if stack else "none", "group": "A"},
+        },
     }
     if min_ is not None:
         defaults["min"] = min_
@@ -125,60 +148,136 @@ def timeseries(title: str, description: str, tgts: list[dict[str, Any]], unit: s
         defaults["max"] = max_
     if decimals is not None:
         defaults["decimals"] = decimals
-    return {"type": "timeseries", "title": title, "description": description, "datasource": DS, "targets": tgts,
-            "fieldConfig": {"defaults": defaults, "overrides": []},
-            "options": {"legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
-                        "tooltip": {"mode": "multi", "sort": "desc"}}}
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": tgts,
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {
+            "legend": {"displayMode": "table", "placement": "bottom", "calcs": ["lastNotNull", "max"]},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+    }
 
 
-def stat(title: str, description: str, tgts: list[dict[str, Any]], unit: str = "short", *,
-         decimals: int | None = None, thresholds: list[tuple[float | None, str]] | None = None) -> dict[str, Any]:
+def stat(
+    title: str,
+    description: str,
+    tgts: list[dict[str, Any]],
+    unit: str = "short",
+    *,
+    decimals: int | None = None,
+    thresholds: list[tuple[float | None, str]] | None = None,
+) -> dict[str, Any]:
     steps = [{"value": v, "color": c} for v, c in (thresholds or [(None, "blue")])]
     defaults: dict[str, Any] = {"unit": unit, "thresholds": {"mode": "absolute", "steps": steps}}
     if decimals is not None:
         defaults["decimals"] = decimals
-    return {"type": "stat", "title": title, "description": description, "datasource": DS, "targets": tgts,
-            "fieldConfig": {"defaults": defaults, "overrides": []},
-            "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                        "colorMode": "value", "graphMode": "area", "textMode": "auto", "justifyMode": "auto",
-                        "orientation": "auto"}}
+    return {
+        "type": "stat",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": tgts,
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "value",
+            "graphMode": "area",
+            "textMode": "auto",
+            "justifyMode": "auto",
+            "orientation": "auto",
+        },
+    }
 
 
-def bargauge(title: str, description: str, tgts: list[dict[str, Any]], unit: str = "short", *,
-             max_: float | None = None) -> dict[str, Any]:
-    defaults: dict[str, Any] = {"unit": unit, "min": 0,
-                                "thresholds": {"mode": "absolute", "steps": [{"value": None, "color": "green"}]}}
+def bargauge(
+    title: str, description: str, tgts: list[dict[str, Any]], unit: str = "short", *, max_: float | None = None
+) -> dict[str, Any]:
+    defaults: dict[str, Any] = {
+        "unit": unit,
+        "min": 0,
+        "thresholds": {"mode": "absolute", "steps": [{"value": None, "color": "green"}]},
+    }
     if max_ is not None:
         defaults["max"] = max_
-    return {"type": "bargauge", "title": title, "description": description, "datasource": DS, "targets": tgts,
-            "fieldConfig": {"defaults": defaults, "overrides": []},
-            "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                        "orientation": "horizontal", "displayMode": "gradient", "showUnfilled": True}}
+    return {
+        "type": "bargauge",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": tgts,
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "orientation": "horizontal",
+            "displayMode": "gradient",
+            "showUnfilled": True,
+        },
+    }
 
 
 def variable(name: str, label: str, query: str, *, multi: bool = False) -> dict[str, Any]:
     v: dict[str, Any] = {
-        "name": name, "label": label, "type": "query", "datasource": DS,
-        "query": {"query": query, "refId": f"{name}-var", "qryType": 1}, "definition": query,
-        "refresh": 2, "sort": 1, "includeAll": multi, "multi": multi, "hide": 0,
-        "current": {}, "options": [], "regex": "",
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DS,
+        "query": {"query": query, "refId": f"{name}-var", "qryType": 1},
+        "definition": query,
+        "refresh": 2,
+        "sort": 1,
+        "includeAll": multi,
+        "multi": multi,
+        "hide": 0,
+        "current": {},
+        "options": [],
+        "regex": "",
     }
     if multi:
         v["allValue"] = ".+"
     return v
 
 
-def dashboard(uid: str, title: str, description: str, layout: Layout, variables: list[dict[str, Any]],
-              refresh: str = "30s") -> dict[str, Any]:
-    datasource = {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-                  "current": {}, "hide": 0, "refresh": 1, "regex": "", "options": []}
+def dashboard(
+    uid: str, title: str, description: str, layout: Layout, variables: list[dict[str, Any]], refresh: str = "30s"
+) -> dict[str, Any]:
+    datasource = {
+        "name": "datasource",
+        "label": "Data source",
+        "type": "datasource",
+        "query": "prometheus",
+        "current": {},
+        "hide": 0,
+        "refresh": 1,
+        "regex": "",
+        "options": [],
+    }
     return {
-        "uid": uid, "title": title, "description": description, "tags": ["kuberl"],
-        "editable": True, "graphTooltip": 1, "timezone": "browser", "refresh": refresh,
-        "schemaVersion": 39, "version": 1, "time": {"from": "now-6h", "to": "now"},
-        "annotations": {"list": []}, "links": [
-            {"title": "kuberl dashboards", "type": "dashboards", "tags": ["kuberl"], "asDropdown": True,
-             "includeVars": True, "keepTime": True}],
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["kuberl"],
+        "editable": True,
+        "graphTooltip": 1,
+        "timezone": "browser",
+        "refresh": refresh,
+        "schemaVersion": 39,
+        "version": 1,
+        "time": {"from": "now-6h", "to": "now"},
+        "annotations": {"list": []},
+        "links": [
+            {
+                "title": "kuberl dashboards",
+                "type": "dashboards",
+                "tags": ["kuberl"],
+                "asDropdown": True,
+                "includeVars": True,
+                "keepTime": True,
+            }
+        ],
         "templating": {"list": [datasource, *variables]},
         "panels": layout.panels,
     }
@@ -201,195 +300,613 @@ GPU_UTIL_RAY = ray_gpu("ray_node_gpus_utilization")
 
 def gpu_dashboard() -> dict[str, Any]:
     lay = Layout()
-    lay.add(stat("GPUs in use", "GPUs that report a series for the selected RLJobs (DCGM; else trainer NVML; else Ray).",
-                 targets((per_job("count", dcgm("DCGM_FI_DEV_GPU_UTIL"), GPU_UTIL_NVML,
-                                  GPU_UTIL_RAY), "{{rljob}}"), instant=True)), 4, 4)
-    lay.add(stat("Mean GPU utilization", "Average over the RLJob's GPUs of the fraction of time a kernel was running.",
-                 targets((per_job("avg", dcgm("DCGM_FI_DEV_GPU_UTIL"), GPU_UTIL_NVML, GPU_UTIL_RAY), "{{rljob}}")),
-                 "percent", decimals=0,
-                 thresholds=[(None, "red"), (50, "orange"), (80, "green")]), 5, 4)
-    lay.add(stat("Mean tensor core activity", "Average fraction of cycles the tensor pipes were busy (DCGM profiling). "
-                 "Low next to high utilization: kernels run but not matmuls (rollout decode, data movement).",
-                 targets((f'100 * avg by (rljob) ({dcgm("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")})', "{{rljob}}")),
-                 "percent", decimals=0, thresholds=[(None, "red"), (20, "orange"), (40, "green")]), 5, 4)
-    lay.add(stat("GPU memory used", "Framebuffer memory in use, summed over the RLJob's GPUs.",
-                 targets((per_job("sum", f'{dcgm("DCGM_FI_DEV_FB_USED")} * 1048576',
-                                  GPU_MEM_NVML,
-                                  f"{ray_gpu('ray_node_gram_used')} * 1048576"), "{{rljob}}")), "bytes"), 5, 4)
-    lay.add(stat("Power draw", "Board power summed over the RLJob's GPUs.",
-                 targets((per_job("sum", dcgm("DCGM_FI_DEV_POWER_USAGE"), None,
-                                  f"{ray_gpu('ray_node_gpu_power_milliwatts')} / 1000"), "{{rljob}}")),
-                 "watt", decimals=0), 5, 4)
+    lay.add(
+        stat(
+            "GPUs in use",
+            "GPUs that report a series for the selected RLJobs (DCGM; else trainer NVML; else Ray).",
+            targets(
+                (per_job("count", dcgm("DCGM_FI_DEV_GPU_UTIL"), GPU_UTIL_NVML, GPU_UTIL_RAY), "{{rljob}}"), instant=True
+            ),
+        ),
+        4,
+        4,
+    )
+    lay.add(
+        stat(
+            "Mean GPU utilization",
+            "Average over the RLJob's GPUs of the fraction of time a kernel was running.",
+            targets((per_job("avg", dcgm("DCGM_FI_DEV_GPU_UTIL"), GPU_UTIL_NVML, GPU_UTIL_RAY), "{{rljob}}")),
+            "percent",
+            decimals=0,
+            thresholds=[(None, "red"), (50, "orange"), (80, "green")],
+        ),
+        5,
+        4,
+    )
+    lay.add(
+        stat(
+            "Mean tensor core activity",
+            "Average fraction of cycles the tensor pipes were busy (DCGM profiling). "
+            "Low next to high utilization: kernels run but not matmuls (rollout decode, data movement).",
+            targets((f"100 * avg by (rljob) ({dcgm('DCGM_FI_PROF_PIPE_TENSOR_ACTIVE')})", "{{rljob}}")),
+            "percent",
+            decimals=0,
+            thresholds=[(None, "red"), (20, "orange"), (40, "green")],
+        ),
+        5,
+        4,
+    )
+    lay.add(
+        stat(
+            "GPU memory used",
+            "Framebuffer memory in use, summed over the RLJob's GPUs.",
+            targets(
+                (
+                    per_job(
+                        "sum",
+                        f"{dcgm('DCGM_FI_DEV_FB_USED')} * 1048576",
+                        GPU_MEM_NVML,
+                        f"{ray_gpu('ray_node_gram_used')} * 1048576",
+                    ),
+                    "{{rljob}}",
+                )
+            ),
+            "bytes",
+        ),
+        5,
+        4,
+    )
+    lay.add(
+        stat(
+            "Power draw",
+            "Board power summed over the RLJob's GPUs.",
+            targets(
+                (
+                    per_job(
+                        "sum",
+                        dcgm("DCGM_FI_DEV_POWER_USAGE"),
+                        None,
+                        f"{ray_gpu('ray_node_gpu_power_milliwatts')} / 1000",
+                    ),
+                    "{{rljob}}",
+                )
+            ),
+            "watt",
+            decimals=0,
+        ),
+        5,
+        4,
+    )
 
     lay.row("Per GPU")
-    lay.add(timeseries("GPU utilization", "Per GPU: fraction of time one or more kernels ran (DCGM_FI_DEV_GPU_UTIL); "
-                       "gaps between rollout and update phases show up as dips.",
-                       targets((per_gpu(dcgm("DCGM_FI_DEV_GPU_UTIL"), GPU_UTIL_NVML, GPU_UTIL_RAY),
-                                "{{rljob}} {{pod}} gpu {{gpu}}")), "percent", min_=0, max_=100), 12, 8)
-    lay.add(timeseries("Tensor core and memory-bandwidth activity",
-                       "Per GPU (DCGM profiling metrics): tensor pipes busy, graphics engine busy, DRAM bandwidth busy.",
-                       targets((f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_PIPE_TENSOR_ACTIVE')})",
-                                "tensor {{pod}} gpu {{gpu}}"),
-                               (f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_GR_ENGINE_ACTIVE')})",
-                                "engine {{pod}} gpu {{gpu}}"),
-                               (f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_DRAM_ACTIVE')})",
-                                "dram {{pod}} gpu {{gpu}}")),
-                       "percentunit", min_=0, max_=1), 12, 8)
-    lay.add(timeseries("GPU memory used", "Per GPU framebuffer in use. The colocated vLLM rollout takes "
-                       "rollout.gpuMemoryUtilization of it during generation and frees it (sleep) before the update.",
-                       targets((per_gpu(f'{dcgm("DCGM_FI_DEV_FB_USED")} * 1048576',
-                                        GPU_MEM_NVML,
-                                        f"{ray_gpu('ray_node_gram_used')} * 1048576"),
-                                "{{rljob}} {{pod}} gpu {{gpu}}")), "bytes", min_=0), 12, 8)
-    lay.add(timeseries("GPU memory free", "Per GPU framebuffer still free: the headroom for larger micro-batches "
-                       "or a higher rollout.gpuMemoryUtilization.",
-                       targets((per_gpu(f'{dcgm("DCGM_FI_DEV_FB_FREE")} * 1048576', None,
-                                        f"{ray_gpu('ray_node_gram_available')} * 1048576"),
-                                "{{rljob}} {{pod}} gpu {{gpu}}")), "bytes", min_=0), 12, 8)
-    lay.add(timeseries("Power draw", "Per GPU board power (DCGM_FI_DEV_POWER_USAGE).",
-                       targets((per_gpu(dcgm("DCGM_FI_DEV_POWER_USAGE"), None,
-                                        f"{ray_gpu('ray_node_gpu_power_milliwatts')} / 1000"),
-                                "{{rljob}} {{pod}} gpu {{gpu}}")), "watt", min_=0), 8, 8)
-    lay.add(timeseries("Temperature", "Per GPU core temperature (DCGM_FI_DEV_GPU_TEMP).",
-                       targets((per_gpu(dcgm("DCGM_FI_DEV_GPU_TEMP"), None,
-                                        ray_gpu("ray_node_gpu_temperature_celsius")),
-                                "{{rljob}} {{pod}} gpu {{gpu}}")), "celsius"), 8, 8)
-    lay.add(timeseries("NVLink traffic", "Per GPU bytes per second over NVLink (DCGM profiling): FSDP collectives "
-                       "and the weight sync to the rollout engines.",
-                       targets((f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_NVLINK_TX_BYTES')})",
-                                "tx {{pod}} gpu {{gpu}}"),
-                               (f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_NVLINK_RX_BYTES')})",
-                                "rx {{pod}} gpu {{gpu}}")), "Bps", min_=0), 8, 8)
-    lay.add(timeseries("Trainer peak memory", "torch's peak allocated and reserved GPU memory over the training "
-                       "ranks (perf/max_memory_allocated_gb, perf/max_memory_reserved_gb); close to the GPU's size "
-                       "means a longer batch may OOM (lower ppoMicroBatchSizePerGPU or enable offload).",
-                       targets((f"max by (rljob) ({kuberl('kuberl_perf_max_memory_allocated_gb')}) * 1073741824",
-                                "allocated {{rljob}}"),
-                               (f"max by (rljob) ({kuberl('kuberl_perf_max_memory_reserved_gb')}) * 1073741824",
-                                "reserved {{rljob}}")), "bytes", min_=0), 12, 8)
-    lay.add(timeseries("XID errors", "The last XID error code per GPU (DCGM_FI_DEV_XID_ERRORS); non-zero means the "
-                       "driver reported a fault (e.g. 79: GPU fell off the bus, 48: double-bit ECC).",
-                       targets((f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_DEV_XID_ERRORS')})",
-                                "{{pod}} gpu {{gpu}}")), "none", min_=0, decimals=0), 12, 8)
-    return dashboard("kuberl-gpu", "kuberl / GPU utilization",
-                     "GPU utilization, memory, power and tensor-core activity of RLJobs, per GPU and pod "
-                     "(DCGM exporter, falling back to the trainer's NVML series and Ray's).",
-                     lay, job_variables("kuberl_step"))
+    lay.add(
+        timeseries(
+            "GPU utilization",
+            "Per GPU: fraction of time one or more kernels ran (DCGM_FI_DEV_GPU_UTIL); "
+            "gaps between rollout and update phases show up as dips.",
+            targets(
+                (per_gpu(dcgm("DCGM_FI_DEV_GPU_UTIL"), GPU_UTIL_NVML, GPU_UTIL_RAY), "{{rljob}} {{pod}} gpu {{gpu}}")
+            ),
+            "percent",
+            min_=0,
+            max_=100,
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Tensor core and memory-bandwidth activity",
+            "Per GPU (DCGM profiling metrics): tensor pipes busy, graphics engine busy, DRAM bandwidth busy.",
+            targets(
+                (f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_PIPE_TENSOR_ACTIVE')})", "tensor {{pod}} gpu {{gpu}}"),
+                (f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_GR_ENGINE_ACTIVE')})", "engine {{pod}} gpu {{gpu}}"),
+                (f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_DRAM_ACTIVE')})", "dram {{pod}} gpu {{gpu}}"),
+            ),
+            "percentunit",
+            min_=0,
+            max_=1,
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "GPU memory used",
+            "Per GPU framebuffer in use. The colocated vLLM rollout takes "
+            "rollout.gpuMemoryUtilization of it during generation and frees it (sleep) before the update.",
+            targets(
+                (
+                    per_gpu(
+                        f"{dcgm('DCGM_FI_DEV_FB_USED')} * 1048576",
+                        GPU_MEM_NVML,
+                        f"{ray_gpu('ray_node_gram_used')} * 1048576",
+                    ),
+                    "{{rljob}} {{pod}} gpu {{gpu}}",
+                )
+            ),
+            "bytes",
+            min_=0,
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "GPU memory free",
+            "Per GPU framebuffer still free: the headroom for larger micro-batches "
+            "or a higher rollout.gpuMemoryUtilization.",
+            targets(
+                (
+                    per_gpu(
+                        f"{dcgm('DCGM_FI_DEV_FB_FREE')} * 1048576",
+                        None,
+                        f"{ray_gpu('ray_node_gram_available')} * 1048576",
+                    ),
+                    "{{rljob}} {{pod}} gpu {{gpu}}",
+                )
+            ),
+            "bytes",
+            min_=0,
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Power draw",
+            "Per GPU board power (DCGM_FI_DEV_POWER_USAGE).",
+            targets(
+                (
+                    per_gpu(
+                        dcgm("DCGM_FI_DEV_POWER_USAGE"), None, f"{ray_gpu('ray_node_gpu_power_milliwatts')} / 1000"
+                    ),
+                    "{{rljob}} {{pod}} gpu {{gpu}}",
+                )
+            ),
+            "watt",
+            min_=0,
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Temperature",
+            "Per GPU core temperature (DCGM_FI_DEV_GPU_TEMP).",
+            targets(
+                (
+                    per_gpu(dcgm("DCGM_FI_DEV_GPU_TEMP"), None, ray_gpu("ray_node_gpu_temperature_celsius")),
+                    "{{rljob}} {{pod}} gpu {{gpu}}",
+                )
+            ),
+            "celsius",
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "NVLink traffic",
+            "Per GPU bytes per second over NVLink (DCGM profiling): FSDP collectives "
+            "and the weight sync to the rollout engines.",
+            targets(
+                (f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_NVLINK_TX_BYTES')})", "tx {{pod}} gpu {{gpu}}"),
+                (f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_NVLINK_RX_BYTES')})", "rx {{pod}} gpu {{gpu}}"),
+            ),
+            "Bps",
+            min_=0,
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Trainer peak memory",
+            "torch's peak allocated and reserved GPU memory over the training "
+            "ranks (perf/max_memory_allocated_gb, perf/max_memory_reserved_gb); close to the GPU's size "
+            "means a longer batch may OOM (lower ppoMicroBatchSizePerGPU or enable offload).",
+            targets(
+                (
+                    f"max by (rljob) ({kuberl('kuberl_perf_max_memory_allocated_gb')}) * 1073741824",
+                    "allocated {{rljob}}",
+                ),
+                (f"max by (rljob) ({kuberl('kuberl_perf_max_memory_reserved_gb')}) * 1073741824", "reserved {{rljob}}"),
+            ),
+            "bytes",
+            min_=0,
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "XID errors",
+            "The last XID error code per GPU (DCGM_FI_DEV_XID_ERRORS); non-zero means the "
+            "driver reported a fault (e.g. 79: GPU fell off the bus, 48: double-bit ECC).",
+            targets((f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_DEV_XID_ERRORS')})", "{{pod}} gpu {{gpu}}")),
+            "none",
+            min_=0,
+            decimals=0,
+        ),
+        12,
+        8,
+    )
+    return dashboard(
+        "kuberl-gpu",
+        "kuberl / GPU utilization",
+        "GPU utilization, memory, power and tensor-core activity of RLJobs, per GPU and pod "
+        "(DCGM exporter, falling back to the trainer's NVML series and Ray's).",
+        lay,
+        job_variables("kuberl_step"),
+    )
 
 
 def training_dashboard() -> dict[str, Any]:
     lay = Layout()
-    lay.add(stat("Step", "Training steps completed (kuberl_step).",
-                 targets((f"max by (rljob) ({kuberl('kuberl_step')})", "{{rljob}}")), decimals=0), 4, 4)
-    lay.add(stat("Progress", "kuberl_step / kuberl_total_steps.",
-                 targets((f"max by (rljob) ({kuberl('kuberl_step')}) / max by (rljob) ({kuberl('kuberl_total_steps')})",
-                          "{{rljob}}")), "percentunit", decimals=0), 4, 4)
-    lay.add(stat("Reward (mean)", "Mean sequence score of the last step's responses (critic/score/mean).",
-                 targets((f"max by (rljob) ({kuberl('kuberl_critic_score_mean')})", "{{rljob}}")), decimals=3), 4, 4)
-    lay.add(stat("Tokens/s per GPU", "Prompt + response tokens processed per second per GPU (perf/throughput).",
-                 targets((f"max by (rljob) ({kuberl('kuberl_perf_throughput')})", "{{rljob}}")), decimals=0), 4, 4)
-    lay.add(stat("MFU (actor)", "Model FLOPs utilization of the actor update (perf/mfu/actor).",
-                 targets((f"max by (rljob) ({kuberl('kuberl_perf_mfu_actor')})", "{{rljob}}")), "percentunit",
-                 decimals=1), 4, 4)
-    lay.add(stat("Step time", "Wall time of the last step (timing_s/step).",
-                 targets((f"max by (rljob) ({kuberl('kuberl_timing_s_step')})", "{{rljob}}")), "s", decimals=1), 4, 4)
+    lay.add(
+        stat(
+            "Step",
+            "Training steps completed (kuberl_step).",
+            targets((f"max by (rljob) ({kuberl('kuberl_step')})", "{{rljob}}")),
+            decimals=0,
+        ),
+        4,
+        4,
+    )
+    lay.add(
+        stat(
+            "Progress",
+            "kuberl_step / kuberl_total_steps.",
+            targets(
+                (
+                    f"max by (rljob) ({kuberl('kuberl_step')}) / max by (rljob) ({kuberl('kuberl_total_steps')})",
+                    "{{rljob}}",
+                )
+            ),
+            "percentunit",
+            decimals=0,
+        ),
+        4,
+        4,
+    )
+    lay.add(
+        stat(
+            "Reward (mean)",
+            "Mean sequence score of the last step's responses (critic/score/mean).",
+            targets((f"max by (rljob) ({kuberl('kuberl_critic_score_mean')})", "{{rljob}}")),
+            decimals=3,
+        ),
+        4,
+        4,
+    )
+    lay.add(
+        stat(
+            "Tokens/s per GPU",
+            "Prompt + response tokens processed per second per GPU (perf/throughput).",
+            targets((f"max by (rljob) ({kuberl('kuberl_perf_throughput')})", "{{rljob}}")),
+            decimals=0,
+        ),
+        4,
+        4,
+    )
+    lay.add(
+        stat(
+            "MFU (actor)",
+            "Model FLOPs utilization of the actor update (perf/mfu/actor).",
+            targets((f"max by (rljob) ({kuberl('kuberl_perf_mfu_actor')})", "{{rljob}}")),
+            "percentunit",
+            decimals=1,
+        ),
+        4,
+        4,
+    )
+    lay.add(
+        stat(
+            "Step time",
+            "Wall time of the last step (timing_s/step).",
+            targets((f"max by (rljob) ({kuberl('kuberl_timing_s_step')})", "{{rljob}}")),
+            "s",
+            decimals=1,
+        ),
+        4,
+        4,
+    )
 
     lay.row("Reward and policy")
-    lay.add(timeseries("Reward", "Sequence score of the rollout responses: mean, min and max over the batch "
-                       "(critic/score/*). Rising mean = learning; max stuck at min = no signal for GRPO.",
-                       targets((kuberl("kuberl_critic_score_mean"), "mean {{rljob}}"),
-                               (kuberl("kuberl_critic_score_max"), "max {{rljob}}"),
-                               (kuberl("kuberl_critic_score_min"), "min {{rljob}}"))), 12, 8)
-    lay.add(timeseries("KL to the reference policy", "actor/kl_loss (KL loss in the actor objective, GRPO's way) "
-                       "and actor/reward_kl_penalty (KL subtracted from the rewards, PPO's way). A KL that keeps "
-                       "growing = the policy drifts; raise algorithm.kl.coef.",
-                       targets((kuberl("kuberl_actor_kl_loss"), "kl_loss {{rljob}}"),
-                               (kuberl("kuberl_actor_reward_kl_penalty"), "reward_kl_penalty {{rljob}}"))), 12, 8)
-    lay.add(timeseries("Entropy", "Mean token entropy of the policy on its own responses (actor/entropy). "
-                       "A collapse towards 0 = the policy stopped exploring.",
-                       targets((kuberl("kuberl_actor_entropy"), "{{rljob}}"))), 8, 8)
-    lay.add(timeseries("Policy loss and clipping", "actor/pg_loss and the fraction of tokens clipped by the PPO ratio "
-                       "(actor/pg_clipfrac); clipfrac above ~0.2 = updates too large for the clip range.",
-                       targets((kuberl("kuberl_actor_pg_loss"), "pg_loss {{rljob}}"),
-                               (kuberl("kuberl_actor_pg_clipfrac"), "pg_clipfrac {{rljob}}"))), 8, 8)
-    lay.add(timeseries("Gradient norm", "Actor gradient norm before clipping (actor/grad_norm).",
-                       targets((kuberl("kuberl_actor_grad_norm"), "{{rljob}}"))), 8, 8)
-    lay.add(timeseries("Response length", "Mean and max response tokens (response_length/*) and the fraction that hit "
-                       "data.maxResponseLength (clip_ratio: truncated answers).",
-                       targets((kuberl("kuberl_response_length_mean"), "mean {{rljob}}"),
-                               (kuberl("kuberl_response_length_max"), "max {{rljob}}"))), 12, 8)
-    lay.add(timeseries("Truncated responses", "Fraction of responses cut at data.maxResponseLength "
-                       "(response_length/clip_ratio).",
-                       targets((kuberl("kuberl_response_length_clip_ratio"), "{{rljob}}")), "percentunit",
-                       min_=0, max_=1), 12, 8)
+    lay.add(
+        timeseries(
+            "Reward",
+            "Sequence score of the rollout responses: mean, min and max over the batch "
+            "(critic/score/*). Rising mean = learning; max stuck at min = no signal for GRPO.",
+            targets(
+                (kuberl("kuberl_critic_score_mean"), "mean {{rljob}}"),
+                (kuberl("kuberl_critic_score_max"), "max {{rljob}}"),
+                (kuberl("kuberl_critic_score_min"), "min {{rljob}}"),
+            ),
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "KL to the reference policy",
+            "actor/kl_loss (KL loss in the actor objective, GRPO's way) "
+            "and actor/reward_kl_penalty (KL subtracted from the rewards, PPO's way). A KL that keeps "
+            "growing = the policy drifts; raise algorithm.kl.coef.",
+            targets(
+                (kuberl("kuberl_actor_kl_loss"), "kl_loss {{rljob}}"),
+                (kuberl("kuberl_actor_reward_kl_penalty"), "reward_kl_penalty {{rljob}}"),
+            ),
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Entropy",
+            "Mean token entropy of the policy on its own responses (actor/entropy). "
+            "A collapse towards 0 = the policy stopped exploring.",
+            targets((kuberl("kuberl_actor_entropy"), "{{rljob}}")),
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Policy loss and clipping",
+            "actor/pg_loss and the fraction of tokens clipped by the PPO ratio "
+            "(actor/pg_clipfrac); clipfrac above ~0.2 = updates too large for the clip range.",
+            targets(
+                (kuberl("kuberl_actor_pg_loss"), "pg_loss {{rljob}}"),
+                (kuberl("kuberl_actor_pg_clipfrac"), "pg_clipfrac {{rljob}}"),
+            ),
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Gradient norm",
+            "Actor gradient norm before clipping (actor/grad_norm).",
+            targets((kuberl("kuberl_actor_grad_norm"), "{{rljob}}")),
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Response length",
+            "Mean and max response tokens (response_length/*) and the fraction that hit "
+            "data.maxResponseLength (clip_ratio: truncated answers).",
+            targets(
+                (kuberl("kuberl_response_length_mean"), "mean {{rljob}}"),
+                (kuberl("kuberl_response_length_max"), "max {{rljob}}"),
+            ),
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Truncated responses",
+            "Fraction of responses cut at data.maxResponseLength (response_length/clip_ratio).",
+            targets((kuberl("kuberl_response_length_clip_ratio"), "{{rljob}}")),
+            "percentunit",
+            min_=0,
+            max_=1,
+        ),
+        12,
+        8,
+    )
 
     lay.row("Time and throughput")
-    phases = (f'max by (rljob, phase) (label_replace({{__name__=~"kuberl_timing_s_.+", '
-              f'__name__!="kuberl_timing_s_step", {JOB}}}, "phase", "$1", "__name__", "kuberl_timing_s_(.+)"))')
-    lay.add(timeseries("Step time breakdown", "Seconds per phase of the last step (timing_s/*): gen (rollout), "
-                       "reward, old_log_prob, ref, values, adv, update_critic, update_actor, weight sync, testing, "
-                       "save_checkpoint. Stacked, they add up to about the step time (the line).",
-                       targets((phases, "{{phase}}"),
-                               (kuberl("kuberl_timing_s_step"), "step {{rljob}}")), "s", stack=True, min_=0), 12, 9)
-    lay.add(timeseries("Generation share of the step", "timing_s/gen / timing_s/step: rollout-bound above ~0.6 "
-                       "(more rollout GPUs, larger maxNumSeqs), update-bound below.",
-                       targets((f"max by (rljob) ({kuberl('kuberl_timing_s_gen')}) / "
-                                f"max by (rljob) ({kuberl('kuberl_timing_s_step')})", "{{rljob}}")),
-                       "percentunit", min_=0, max_=1), 12, 9)
-    lay.add(timeseries("Throughput", "Tokens per second per GPU (perf/throughput).",
-                       targets((kuberl("kuberl_perf_throughput"), "{{rljob}}")), "short", min_=0), 8, 8)
-    lay.add(timeseries("MFU (actor)", "Model FLOPs utilization of the actor update (perf/mfu/actor).",
-                       targets((kuberl("kuberl_perf_mfu_actor"), "{{rljob}}")), "percentunit", min_=0), 8, 8)
-    lay.add(timeseries("Steps per hour", "Training speed from kuberl_step.",
-                       targets((f"max by (rljob) (deriv({kuberl('kuberl_step')}[$__rate_interval])) * 3600",
-                                "{{rljob}}")), "short", min_=0), 8, 8)
-    return dashboard("kuberl-training", "kuberl / RL training",
-                     "Reward, KL, entropy, response length, step-time breakdown, throughput and MFU of RLJobs "
-                     "(the trainer's kuberl_* series: verl's metric names).",
-                     lay, job_variables("kuberl_step"))
+    phases = (
+        f'max by (rljob, phase) (label_replace({{__name__=~"kuberl_timing_s_.+", '
+        f'__name__!="kuberl_timing_s_step", {JOB}}}, "phase", "$1", "__name__", "kuberl_timing_s_(.+)"))'
+    )
+    lay.add(
+        timeseries(
+            "Step time breakdown",
+            "Seconds per phase of the last step (timing_s/*): gen (rollout), "
+            "reward, old_log_prob, ref, values, adv, update_critic, update_actor, weight sync, testing, "
+            "save_checkpoint. Stacked, they add up to about the step time (the line).",
+            targets((phases, "{{phase}}"), (kuberl("kuberl_timing_s_step"), "step {{rljob}}")),
+            "s",
+            stack=True,
+            min_=0,
+        ),
+        12,
+        9,
+    )
+    lay.add(
+        timeseries(
+            "Generation share of the step",
+            "timing_s/gen / timing_s/step: rollout-bound above ~0.6 "
+            "(more rollout GPUs, larger maxNumSeqs), update-bound below.",
+            targets(
+                (
+                    f"max by (rljob) ({kuberl('kuberl_timing_s_gen')}) / "
+                    f"max by (rljob) ({kuberl('kuberl_timing_s_step')})",
+                    "{{rljob}}",
+                )
+            ),
+            "percentunit",
+            min_=0,
+            max_=1,
+        ),
+        12,
+        9,
+    )
+    lay.add(
+        timeseries(
+            "Throughput",
+            "Tokens per second per GPU (perf/throughput).",
+            targets((kuberl("kuberl_perf_throughput"), "{{rljob}}")),
+            "short",
+            min_=0,
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "MFU (actor)",
+            "Model FLOPs utilization of the actor update (perf/mfu/actor).",
+            targets((kuberl("kuberl_perf_mfu_actor"), "{{rljob}}")),
+            "percentunit",
+            min_=0,
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Steps per hour",
+            "Training speed from kuberl_step.",
+            targets((f"max by (rljob) (deriv({kuberl('kuberl_step')}[$__rate_interval])) * 3600", "{{rljob}}")),
+            "short",
+            min_=0,
+        ),
+        8,
+        8,
+    )
+    return dashboard(
+        "kuberl-training",
+        "kuberl / RL training",
+        "Reward, KL, entropy, response length, step-time breakdown, throughput and MFU of RLJobs "
+        "(the trainer's kuberl_* series: verl's metric names).",
+        lay,
+        job_variables("kuberl_step"),
+    )
 
 
 def operator_dashboard() -> dict[str, Any]:
     lay = Layout()
     op = 'namespace="$namespace"'
-    lay.add(bargauge("RLJobs by phase", "RLJobs the operator watches, by status.phase (kuberl_operator_rljobs).",
-                     targets((f"sum by (phase) (kuberl_operator_rljobs{{{op}}})", "{{phase}}"), instant=True)), 8, 8)
-    lay.add(timeseries("RLJobs by phase over time", "kuberl_operator_rljobs{phase}.",
-                       targets((f"sum by (phase) (kuberl_operator_rljobs{{{op}}})", "{{phase}}")), "short",
-                       stack=True, min_=0, decimals=0), 16, 8)
+    lay.add(
+        bargauge(
+            "RLJobs by phase",
+            "RLJobs the operator watches, by status.phase (kuberl_operator_rljobs).",
+            targets((f"sum by (phase) (kuberl_operator_rljobs{{{op}}})", "{{phase}}"), instant=True),
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "RLJobs by phase over time",
+            "kuberl_operator_rljobs{phase}.",
+            targets((f"sum by (phase) (kuberl_operator_rljobs{{{op}}})", "{{phase}}")),
+            "short",
+            stack=True,
+            min_=0,
+            decimals=0,
+        ),
+        16,
+        8,
+    )
     lay.row("Reconcile")
-    lay.add(timeseries("Reconcile latency", "p50 and p99 of the time one handler run takes, per handler "
-                       "(kuberl_operator_reconcile_duration_seconds).",
-                       targets((f"histogram_quantile(0.5, sum by (le, handler) (rate("
-                                f"kuberl_operator_reconcile_duration_seconds_bucket{{{op}}}[$__rate_interval])))",
-                                "p50 {{handler}}"),
-                               (f"histogram_quantile(0.99, sum by (le, handler) (rate("
-                                f"kuberl_operator_reconcile_duration_seconds_bucket{{{op}}}[$__rate_interval])))",
-                                "p99 {{handler}}")), "s", min_=0), 12, 8)
-    lay.add(timeseries("Reconciles per second", "Handler runs per second, per handler.",
-                       targets((f"sum by (handler) (rate(kuberl_operator_reconcile_duration_seconds_count{{{op}}}"
-                                f"[$__rate_interval]))", "{{handler}}")), "ops", min_=0), 12, 8)
-    lay.add(timeseries("Reconcile errors", "Handler runs that raised, per second (kuberl_operator_reconcile_errors_total); "
-                       "kopf retries temporary errors. The operator's log and the RLJob's Events say why.",
-                       targets((f"sum by (handler) (rate(kuberl_operator_reconcile_errors_total{{{op}}}"
-                                f"[$__rate_interval]))", "{{handler}}")), "ops", min_=0), 12, 8)
-    lay.add(timeseries("RayJob restarts", "RayJob retries (a new Ray cluster after a failed attempt) seen by the "
-                       "operator in the window (kuberl_operator_restarts_total); the trainer resumes from the last "
-                       "checkpoint.",
-                       targets((f"sum (increase(kuberl_operator_restarts_total{{{op}}}[$__rate_interval]))",
-                                "restarts")), "short", min_=0), 12, 8)
+    lay.add(
+        timeseries(
+            "Reconcile latency",
+            "p50 and p99 of the time one handler run takes, per handler (kuberl_operator_reconcile_duration_seconds).",
+            targets(
+                (
+                    f"histogram_quantile(0.5, sum by (le, handler) (rate("
+                    f"kuberl_operator_reconcile_duration_seconds_bucket{{{op}}}[$__rate_interval])))",
+                    "p50 {{handler}}",
+                ),
+                (
+                    f"histogram_quantile(0.99, sum by (le, handler) (rate("
+                    f"kuberl_operator_reconcile_duration_seconds_bucket{{{op}}}[$__rate_interval])))",
+                    "p99 {{handler}}",
+                ),
+            ),
+            "s",
+            min_=0,
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Reconciles per second",
+            "Handler runs per second, per handler.",
+            targets(
+                (
+                    f"sum by (handler) (rate(kuberl_operator_reconcile_duration_seconds_count{{{op}}}"
+                    f"[$__rate_interval]))",
+                    "{{handler}}",
+                )
+            ),
+            "ops",
+            min_=0,
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Reconcile errors",
+            "Handler runs that raised, per second (kuberl_operator_reconcile_errors_total); "
+            "kopf retries temporary errors. The operator's log and the RLJob's Events say why.",
+            targets(
+                (
+                    f"sum by (handler) (rate(kuberl_operator_reconcile_errors_total{{{op}}}[$__rate_interval]))",
+                    "{{handler}}",
+                )
+            ),
+            "ops",
+            min_=0,
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "RayJob restarts",
+            "RayJob retries (a new Ray cluster after a failed attempt) seen by the "
+            "operator in the window (kuberl_operator_restarts_total); the trainer resumes from the last "
+            "checkpoint.",
+            targets((f"sum (increase(kuberl_operator_restarts_total{{{op}}}[$__rate_interval]))", "restarts")),
+            "short",
+            min_=0,
+        ),
+        12,
+        8,
+    )
     lay.row("RLJobs")
-    lay.add(bargauge("Training progress", "kuberl_step / kuberl_total_steps of the selected RLJobs (trainer series).",
-                     targets(('max by (namespace, rljob) (kuberl_step{rljob=~"$rljob"}) / '
-                              'max by (namespace, rljob) (kuberl_total_steps{rljob=~"$rljob"})',
-                              "{{namespace}}/{{rljob}}"), instant=True), "percentunit", max_=1), 24, 6)
+    lay.add(
+        bargauge(
+            "Training progress",
+            "kuberl_step / kuberl_total_steps of the selected RLJobs (trainer series).",
+            targets(
+                (
+                    'max by (namespace, rljob) (kuberl_step{rljob=~"$rljob"}) / '
+                    'max by (namespace, rljob) (kuberl_total_steps{rljob=~"$rljob"})',
+                    "{{namespace}}/{{rljob}}",
+                ),
+                instant=True,
+            ),
+            "percentunit",
+            max_=1,
+        ),
+        24,
+        6,
+    )
     variables = [
         variable("namespace", "Operator namespace", "label_values(kuberl_operator_rljobs, namespace)"),
         variable("rljob", "RLJob", "label_values(kuberl_step, rljob)", multi=True),
     ]
-    return dashboard("kuberl-operator", "kuberl / operator",
-                     "The kuberl operator: RLJobs by phase, reconcile latency (p50/p99), errors and RayJob restarts.",
-                     lay, variables, refresh="1m")
+    return dashboard(
+        "kuberl-operator",
+        "kuberl / operator",
+        "The kuberl operator: RLJobs by phase, reconcile latency (p50/p99), errors and RayJob restarts.",
+        lay,
+        variables,
+        refresh="1m",
+    )
 
 
 DASHBOARDS = {"gpu.json": gpu_dashboard, "training.json": training_dashboard, "operator.json": operator_dashboard}
@@ -409,8 +926,9 @@ def main(argv: list[str]) -> int:
         else:
             path.write_text(text)
     if stale:
-        print(f"stale dashboards {', '.join(stale)}: run `python charts/kuberl/dashboards/generate.py`",
-              file=sys.stderr)
+        print(
+            f"stale dashboards {', '.join(stale)}: run `python charts/kuberl/dashboards/generate.py`", file=sys.stderr
+        )
         return 1
     return 0
 

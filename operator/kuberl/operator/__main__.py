@@ -21,14 +21,24 @@ from kuberl.operator.settings import OperatorConfig
 def parse_args(argv: list[str] | None = None) -> OperatorConfig:
     parser = argparse.ArgumentParser(prog="python -m kuberl.operator", description=__doc__.split("\n\n")[1])
     scope = parser.add_mutually_exclusive_group()
-    scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
-                       help="watch this namespace (repeatable); default: $KUBERL_NAMESPACES (comma-separated)")
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="watch this namespace (repeatable); default: $KUBERL_NAMESPACES (comma-separated)",
+    )
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch RLJobs in every namespace")
     parser.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port (0 disables)")
     parser.add_argument("--health-port", type=int, default=8081, help="liveness /healthz port (0 disables)")
     parser.add_argument("--max-workers", type=int, default=16, help="concurrent synchronous handlers")
-    parser.add_argument("--resync-seconds", type=float, default=300.0,
-                        help="recompute every live RLJob's status this often (0 disables)")
+    parser.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=300.0,
+        help="recompute every live RLJob's status this often (0 disables)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     namespaces = [n for ns in args.namespace for n in ns.split(",") if n]
@@ -36,11 +46,17 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         namespaces = [n for n in os.environ.get("KUBERL_NAMESPACES", "").split(",") if n]
     if not namespaces and not args.all_namespaces:
         parser.error("give --namespace NS (repeatable) or --all-namespaces")
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return OperatorConfig(namespaces=tuple(namespaces), all_namespaces=args.all_namespaces,
-                          metrics_port=args.metrics_port, health_port=args.health_port,
-                          max_workers=args.max_workers, resync_seconds=args.resync_seconds)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return OperatorConfig(
+        namespaces=tuple(namespaces),
+        all_namespaces=args.all_namespaces,
+        metrics_port=args.metrics_port,
+        health_port=args.health_port,
+        max_workers=args.max_workers,
+        resync_seconds=args.resync_seconds,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

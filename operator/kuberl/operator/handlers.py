@@ -49,8 +49,12 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     memo.stop = threading.Event()
     if cfg.resync_seconds > 0:
         namespaces = None if cfg.all_namespaces else list(cfg.namespaces)
-        thread = threading.Thread(target=_resync_loop, args=(memo.api, namespaces, cfg.resync_seconds, memo.stop),
-                                  name="kuberl-resync", daemon=True)
+        thread = threading.Thread(
+            target=_resync_loop,
+            args=(memo.api, namespaces, cfg.resync_seconds, memo.stop),
+            name="kuberl-resync",
+            daemon=True,
+        )
         thread.start()
 
 

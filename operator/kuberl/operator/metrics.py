@@ -69,7 +69,9 @@ class PhaseTracker(Collector):
         return counts
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily("kuberl_operator_rljobs", "RLJobs watched by the operator, by phase.", labels=["phase"])
+        family = GaugeMetricFamily(
+            "kuberl_operator_rljobs", "RLJobs watched by the operator, by phase.", labels=["phase"]
+        )
         for phase, count in sorted(self.counts().items()):
             family.add_metric([phase], count)
         yield family

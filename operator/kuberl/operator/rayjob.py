@@ -178,7 +178,9 @@ def _tolerations(tolerations: list[Toleration]) -> list[dict[str, Any]]:
     return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tolerations]
 
 
-def _env(name: str, namespace: str, spec: RLJobSpec, pool: str, extra: tuple[tuple[str, str], ...] = ()) -> list[dict[str, Any]]:
+def _env(
+    name: str, namespace: str, spec: RLJobSpec, pool: str, extra: tuple[tuple[str, str], ...] = ()
+) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in NCCL_ENV]
     env += [
         {"name": "KUBERL_RLJOB_NAME", "value": name},
@@ -220,8 +222,14 @@ def _mounts(spec: RLJobSpec) -> list[dict[str, Any]]:
     return mounts
 
 
-def _pod_spec(containers: list[dict[str, Any]], volumes: list[dict[str, Any]], spec: RLJobSpec,
-              node_selector: dict[str, str], tolerations: list[Toleration], affinity: dict[str, Any] | None) -> dict[str, Any]:
+def _pod_spec(
+    containers: list[dict[str, Any]],
+    volumes: list[dict[str, Any]],
+    spec: RLJobSpec,
+    node_selector: dict[str, str],
+    tolerations: list[Toleration],
+    affinity: dict[str, Any] | None,
+) -> dict[str, Any]:
     pod: dict[str, Any] = {"containers": containers, "volumes": volumes}
     if spec.cluster.service_account_name:
         pod["serviceAccountName"] = spec.cluster.service_account_name
@@ -263,8 +271,14 @@ def _head_group(name: str, namespace: str, spec: RLJobSpec) -> dict[str, Any]:
         "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
         "template": {
             "metadata": {"labels": {**common_labels(name, "ray-head"), POOL_LABEL: "head"}},
-            "spec": _pod_spec([container], _volumes(name, head.memory) + _user_volumes(spec), spec,
-                              head.node_selector, head.tolerations, None),
+            "spec": _pod_spec(
+                [container],
+                _volumes(name, head.memory) + _user_volumes(spec),
+                spec,
+                head.node_selector,
+                head.tolerations,
+                None,
+            ),
         },
     }
 
@@ -293,22 +307,35 @@ def _worker_group(group: str, pool: NodePool, name: str, namespace: str, spec: R
         "labels": {POOL_LABEL: group},
         "template": {
             "metadata": {"labels": {**common_labels(name, f"ray-{group}"), POOL_LABEL: group}},
-            "spec": _pod_spec([container], _volumes(name, pool.shared_memory) + _user_volumes(spec), spec,
-                              pool.node_selector, pool.tolerations, pool.affinity),
+            "spec": _pod_spec(
+                [container],
+                _volumes(name, pool.shared_memory) + _user_volumes(spec),
+                spec,
+                pool.node_selector,
+                pool.tolerations,
+                pool.affinity,
+            ),
         },
     }
-
 
 
 # --- updates -----------------------------------------------------------------------
 
 # RayJob spec fields the operator renders, other than `suspend`: rebuilt only while no Ray cluster exists.
-TEMPLATE_FIELDS = ("entrypoint", "rayClusterSpec", "backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished",
-                   "shutdownAfterJobFinishes")
+TEMPLATE_FIELDS = (
+    "entrypoint",
+    "rayClusterSpec",
+    "backoffLimit",
+    "activeDeadlineSeconds",
+    "ttlSecondsAfterFinished",
+    "shutdownAfterJobFinishes",
+)
 NO_CLUSTER_STATES = ("", "New", "Suspended")
 
 
-def rayjob_update_ops(existing: dict[str, Any], desired: dict[str, Any], *, suspend_changed: bool) -> list[dict[str, Any]]:
+def rayjob_update_ops(
+    existing: dict[str, Any], desired: dict[str, Any], *, suspend_changed: bool
+) -> list[dict[str, Any]]:
     """JSON-patch ops that bring the live RayJob towards `desired` after an RLJob spec update.
 
     - `spec.suspend` follows runPolicy.suspend only when the user changed it: otherwise Kueue may own the flag.
@@ -344,12 +371,19 @@ def rayjob_update_ops(existing: dict[str, Any], desired: dict[str, Any], *, susp
             ops.append({"op": "add", "path": path, "value": queue})
     annotations = (existing.get("metadata") or {}).get("annotations") or {}
     want_hash = desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
-    if any(op["path"].startswith("/spec/") and op["path"] != "/spec/suspend" for op in ops) and \
-            annotations.get(SPEC_HASH_ANNOTATION) != want_hash:
+    if (
+        any(op["path"].startswith("/spec/") and op["path"] != "/spec/suspend" for op in ops)
+        and annotations.get(SPEC_HASH_ANNOTATION) != want_hash
+    ):
         if not annotations:
             ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
-        ops.append({"op": "add", "path": "/metadata/annotations/" + SPEC_HASH_ANNOTATION.replace("/", "~1"),
-                    "value": want_hash})
+        ops.append(
+            {
+                "op": "add",
+                "path": "/metadata/annotations/" + SPEC_HASH_ANNOTATION.replace("/", "~1"),
+                "value": want_hash,
+            }
+        )
     return _guarded(existing, ops)
 
 

@@ -35,16 +35,26 @@ def role(name: str, namespace: str | None, rules: list[dict[str, Any]]) -> dict[
     metadata: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/part-of": "kuberl"}}
     if namespace:
         metadata["namespace"] = namespace
-    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role" if namespace else "ClusterRole",
-            "metadata": metadata, "rules": rules}
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role" if namespace else "ClusterRole",
+        "metadata": metadata,
+        "rules": rules,
+    }
 
 
 def binding(name: str, namespace: str | None, role_name: str, subject: dict[str, Any]) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": name}
     if namespace:
         metadata["namespace"] = namespace
-    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding" if namespace else "ClusterRoleBinding",
-            "metadata": metadata,
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role" if namespace else "ClusterRole",
-                        "name": role_name},
-            "subjects": [subject]}
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding" if namespace else "ClusterRoleBinding",
+        "metadata": metadata,
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role" if namespace else "ClusterRole",
+            "name": role_name,
+        },
+        "subjects": [subject],
+    }

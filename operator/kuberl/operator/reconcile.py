@@ -64,7 +64,9 @@ class Api:
 
     # RLJobs
     def get_rljob(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return _none_on_404(lambda: _obj(self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)))
+        return _none_on_404(
+            lambda: _obj(self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
+        )
 
     def list_rljobs(self, namespace: str | None) -> list[dict[str, Any]]:
         """The RLJobs of one namespace, or of the whole cluster (None)."""
@@ -76,20 +78,27 @@ class Api:
         return items
 
     def patch_rljob_status(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return _obj(self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, body, _content_type="application/merge-patch+json"))
+        return _obj(
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, body, _content_type="application/merge-patch+json"
+            )
+        )
 
     # RayJobs
     def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         return _none_on_404(
-            lambda: _obj(self.custom.get_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name)))
+            lambda: _obj(self.custom.get_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name))
+        )
 
     def create_rayjob(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         return _obj(self.custom.create_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, body))
 
     def json_patch_rayjob(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
-        return _obj(self.custom.patch_namespaced_custom_object(
-            RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name, ops, _content_type="application/json-patch+json"))
+        return _obj(
+            self.custom.patch_namespaced_custom_object(
+                RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name, ops, _content_type="application/json-patch+json"
+            )
+        )
 
     # ConfigMaps
     def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -157,9 +166,14 @@ def _adopt_or_refuse(kind: str, existing: dict[str, Any], uid: str) -> None:
         return
     if owner is not None and any(r.get("kind") == "RLJob" for r in existing["metadata"].get("ownerReferences") or []):
         # an RLJob of the same name was deleted and recreated; the garbage collector has not removed its child yet
-        raise kopf.TemporaryError(f"{kind} {name} still belongs to a deleted RLJob (uid {owner}); waiting for the "
-                                  "garbage collector to remove it", delay=5)
-    raise kopf.PermanentError(f"{kind} {name} already exists and is not owned by this RLJob; delete it or rename the RLJob")
+        raise kopf.TemporaryError(
+            f"{kind} {name} still belongs to a deleted RLJob (uid {owner}); waiting for the "
+            "garbage collector to remove it",
+            delay=5,
+        )
+    raise kopf.PermanentError(
+        f"{kind} {name} already exists and is not owned by this RLJob; delete it or rename the RLJob"
+    )
 
 
 def ensure_configmap(api: Api, desired: dict[str, Any], uid: str) -> dict[str, Any]:
@@ -174,8 +188,9 @@ def ensure_configmap(api: Api, desired: dict[str, Any], uid: str) -> dict[str, A
         raise kopf.TemporaryError(f"ConfigMap {name} vanished after a conflict; retrying", delay=1)
     _adopt_or_refuse("ConfigMap", existing, uid)
     if existing.get("data") != desired["data"]:
-        api.patch_configmap(namespace, name, {"metadata": {"annotations": desired["metadata"]["annotations"]},
-                                              "data": desired["data"]})
+        api.patch_configmap(
+            namespace, name, {"metadata": {"annotations": desired["metadata"]["annotations"]}, "data": desired["data"]}
+        )
     return existing
 
 
@@ -203,8 +218,16 @@ StatusFn = Callable[[dict[str, Any], dict[str, Any] | None], tuple[dict[str, Any
 _UNSET: Any = object()
 
 
-def write_status(api: Api, namespace: str, name: str, compute: StatusFn, *, uid: str | None = None,
-                 rljob: dict[str, Any] | None = None, rayjob: dict[str, Any] | None = _UNSET) -> dict[str, Any] | None:
+def write_status(
+    api: Api,
+    namespace: str,
+    name: str,
+    compute: StatusFn,
+    *,
+    uid: str | None = None,
+    rljob: dict[str, Any] | None = None,
+    rayjob: dict[str, Any] | None = _UNSET,
+) -> dict[str, Any] | None:
     """Read the RLJob and its RayJob, compute the new status, merge-patch it under the read resourceVersion.
 
     `compute(old_status, rayjob_or_None) -> (new_status, events)`. `rljob`/`rayjob`, when given, are used for
@@ -245,9 +268,17 @@ def write_status(api: Api, namespace: str, name: str, compute: StatusFn, *, uid:
     raise kopf.TemporaryError(f"status of {namespace}/{name} kept conflicting; retrying", delay=2)
 
 
-def sync_status(api: Api, namespace: str, name: str, *, generation: int | None = None, valid: bool = False,
-                uid: str | None = None, rljob: dict[str, Any] | None = None,
-                rayjob: dict[str, Any] | None = _UNSET) -> dict[str, Any] | None:
+def sync_status(
+    api: Api,
+    namespace: str,
+    name: str,
+    *,
+    generation: int | None = None,
+    valid: bool = False,
+    uid: str | None = None,
+    rljob: dict[str, Any] | None = None,
+    rayjob: dict[str, Any] | None = _UNSET,
+) -> dict[str, Any] | None:
     """Status from the RayJob (and, with `valid`, Valid=True for `generation`)."""
 
     def compute(old: dict[str, Any], rayjob: dict[str, Any] | None) -> tuple[dict[str, Any], list[Event]]:
@@ -278,8 +309,15 @@ def mark_invalid_update(api: Api, body: kopf.Body | dict[str, Any], messages: li
     def compute(old: dict[str, Any], _rayjob: dict[str, Any] | None) -> tuple[dict[str, Any], list[Event]]:
         new = {k: v for k, v in old.items() if k != "kopf"}
         conditions = list(new.get("conditions") or [])
-        set_condition(conditions, "Valid", False, "InvalidSpec", f"not applied to the running job: {message}", now_rfc3339(),
-                      meta.get("generation"))
+        set_condition(
+            conditions,
+            "Valid",
+            False,
+            "InvalidSpec",
+            f"not applied to the running job: {message}",
+            now_rfc3339(),
+            meta.get("generation"),
+        )
         new["conditions"] = sort_conditions(conditions)
         return new, [Event("Warning", "InvalidSpec", f"spec not applied to the running job: {message}")]
 
@@ -291,8 +329,12 @@ def mark_invalid_update(api: Api, body: kopf.Body | dict[str, Any], messages: li
 
 
 def spec_issues(body: kopf.Body | dict[str, Any]) -> list[str]:
-    doc = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
-           "metadata": {"name": body["metadata"]["name"]}, "spec": dict(body.get("spec") or {})}
+    doc = {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {"name": body["metadata"]["name"]},
+        "spec": dict(body.get("spec") or {}),
+    }
     return [str(issue) for issue in validate_document(_plain(doc))]
 
 
@@ -335,11 +377,15 @@ def ensure(api: Api, body: kopf.Body | dict[str, Any], logger: kopf.Logger = log
         if transient(exc):
             raise kopf.TemporaryError(f"API error while creating children: {api_error_text(exc)}", delay=2) from exc
         if exc.status == 404:  # the namespace is going away, or ray.io/v1 RayJob is not served (KubeRay missing)
-            raise kopf.TemporaryError("cannot create children (404): is KubeRay's RayJob CRD (ray.io/v1) installed? "
-                                      f"{api_error_text(exc)}", delay=30) from exc
+            raise kopf.TemporaryError(
+                f"cannot create children (404): is KubeRay's RayJob CRD (ray.io/v1) installed? {api_error_text(exc)}",
+                delay=30,
+            ) from exc
         if exc.status == 403:  # the operator's RBAC, not the user's spec: keep retrying, loudly
-            raise kopf.TemporaryError(f"forbidden to create children; check the operator's RBAC (docs/operator.md): "
-                                      f"{api_error_text(exc)}", delay=60) from exc
+            raise kopf.TemporaryError(
+                f"forbidden to create children; check the operator's RBAC (docs/operator.md): {api_error_text(exc)}",
+                delay=60,
+            ) from exc
         if exc.status in (400, 422):
             refuse(api, body, [f"the apiserver refused a child object: {api_error_text(exc)}"], reason="CreateFailed")
         raise
@@ -353,8 +399,9 @@ def suspend_of(spec: Any) -> bool:
     return bool(((spec or {}).get("runPolicy") or {}).get("suspend", False))
 
 
-def apply_update(api: Api, body: kopf.Body | dict[str, Any], old_spec: Any, new_spec: Any,
-                 logger: kopf.Logger = log) -> None:
+def apply_update(
+    api: Api, body: kopf.Body | dict[str, Any], old_spec: Any, new_spec: Any, logger: kopf.Logger = log
+) -> None:
     """Propagate a spec change: the spec ConfigMap always, runPolicy.suspend always, the rest only while the
     RayJob has no Ray cluster (suspended or not started): a running cluster is never rebuilt under the trainer."""
     meta = body["metadata"]
@@ -406,7 +453,9 @@ def on_rayjob(api: Api, rayjob: dict[str, Any], *, deleted: bool = False) -> Non
     The RayJob from the watch event is used as is for the first attempt (deleted: None); the RLJob is read.
     """
     meta = rayjob.get("metadata") or {}
-    owner = next((r for r in meta.get("ownerReferences") or [] if r.get("controller") and r.get("kind") == "RLJob"), None)
+    owner = next(
+        (r for r in meta.get("ownerReferences") or [] if r.get("controller") and r.get("kind") == "RLJob"), None
+    )
     if owner is None:
         return
     namespace, name, uid = meta["namespace"], owner["name"], owner["uid"]

@@ -32,7 +32,9 @@ def configure(settings: kopf.OperatorSettings, *, max_workers: int = 16) -> None
     settings.queueing.error_delays = (1, 2, 5, 10, 20, 30, 60, 120, 300)
     # kopf's own bookkeeping lives in annotations, never in .status: the CRD would prune what it doesn't declare.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=PREFIX, key="last-handled-configuration")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PREFIX, key="last-handled-configuration"
+    )
     settings.persistence.finalizer = f"{PREFIX}/finalizer"  # unused: no handler needs one (GC via ownerReferences)
     # Exactly one replica: no peering objects, no leader election (docs/operator.md).
     settings.peering.standalone = True

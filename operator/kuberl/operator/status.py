@@ -81,11 +81,24 @@ def get_condition(status: dict[str, Any] | None, type_: str) -> dict[str, Any] |
     return next((cond for cond in conditions if cond.get("type") == type_), None)
 
 
-def set_condition(conditions: list[dict[str, Any]], type_: str, status: bool | str, reason: str, message: str,
-                  now: str, observed_generation: int | None = None) -> None:
+def set_condition(
+    conditions: list[dict[str, Any]],
+    type_: str,
+    status: bool | str,
+    reason: str,
+    message: str,
+    now: str,
+    observed_generation: int | None = None,
+) -> None:
     """Upsert a condition in place; lastTransitionTime changes only when `status` changes."""
     value = status if isinstance(status, str) else ("True" if status else "False")
-    new: dict[str, Any] = {"type": str(type_), "status": value, "reason": reason, "message": message[:32768], "lastTransitionTime": now}
+    new: dict[str, Any] = {
+        "type": str(type_),
+        "status": value,
+        "reason": reason,
+        "message": message[:32768],
+        "lastTransitionTime": now,
+    }
     if observed_generation is not None:
         new["observedGeneration"] = observed_generation
     for i, cond in enumerate(conditions):
@@ -137,8 +150,11 @@ def observe(rayjob: dict[str, Any]) -> Observation:
             reason = camel_reason(kuberay_reason)
         else:
             reason = "RayJob" + camel_reason(job or "Failed")
-        message = detail(f"RayJob {jds or 'Failed'}" + (f": {kuberay_reason}" if kuberay_reason else "")
-                         + (f" (Ray job {job})" if job else ""))
+        message = detail(
+            f"RayJob {jds or 'Failed'}"
+            + (f": {kuberay_reason}" if kuberay_reason else "")
+            + (f" (Ray job {job})" if job else "")
+        )
         phase = Phase.FAILED
         restarts = max(0, failed - 1)  # the last failure was not retried
     elif jds == JDS_COMPLETE:
@@ -156,8 +172,10 @@ def observe(rayjob: dict[str, Any]) -> Observation:
         restarts = failed
     elif jds == JDS_RETRYING or (failed > 0 and jds in ("", JDS_NEW, JDS_INITIALIZING, JDS_WAITING)):
         phase, reason = Phase.RESTARTING, "Retrying"
-        message = (f"attempt {failed + 1} after {failed} failure{'s' if failed != 1 else ''}: starting a new Ray cluster"
-                   + (f" (last failure: {kuberay_reason})" if kuberay_reason else ""))
+        message = (
+            f"attempt {failed + 1} after {failed} failure{'s' if failed != 1 else ''}: starting a new Ray cluster"
+            + (f" (last failure: {kuberay_reason})" if kuberay_reason else "")
+        )
         restarts = failed
     elif jds == JDS_RUNNING:
         phase, reason = Phase.RUNNING, "RayJobRunning"
@@ -165,7 +183,9 @@ def observe(rayjob: dict[str, Any]) -> Observation:
         restarts = failed
     else:  # "", New, Initializing, Waiting, or a state this version does not know
         phase = Phase.PENDING
-        reason = {JDS_INITIALIZING: "Initializing", JDS_WAITING: "Waiting"}.get(jds, "RayJobCreated" if not jds else camel_reason(jds))
+        reason = {JDS_INITIALIZING: "Initializing", JDS_WAITING: "Waiting"}.get(
+            jds, "RayJobCreated" if not jds else camel_reason(jds)
+        )
         message = {
             JDS_INITIALIZING: "waiting for the Ray cluster" + (f" {cluster}" if cluster else "") + " to become ready",
             JDS_WAITING: "waiting for the Ray job to be submitted",
@@ -204,8 +224,10 @@ def next_status(
 
     created = (get_condition(old, ConditionType.CREATED) or {}).get("status") == "True"
     if rayjob is None and created and old_phase not in TERMINAL_PHASES:
-        message = (f"RayJob {old.get('rayJobName') or ''} was deleted while the job was {old_phase}; "
-                   "delete and recreate the RLJob to run it again").replace("RayJob  ", "RayJob ")
+        message = (
+            f"RayJob {old.get('rayJobName') or ''} was deleted while the job was {old_phase}; "
+            "delete and recreate the RLJob to run it again"
+        ).replace("RayJob  ", "RayJob ")
         set_condition(conditions, ConditionType.CREATED, False, "RayJobDeleted", message, now, generation)
         set_condition(conditions, ConditionType.RUNNING, False, "RayJobDeleted", message, now, generation)
         set_condition(conditions, ConditionType.FAILED, True, "RayJobDeleted", message, now, generation)
@@ -238,16 +260,45 @@ def next_status(
     g = generation
     set_condition(conditions, ConditionType.CREATED, True, "RayJobCreated", f"RayJob {name} exists", now, g)
     running = obs.phase == Phase.RUNNING
-    set_condition(conditions, ConditionType.RUNNING, running, obs.reason if running else _not_running_reason(obs), obs.message, now, g)
+    set_condition(
+        conditions,
+        ConditionType.RUNNING,
+        running,
+        obs.reason if running else _not_running_reason(obs),
+        obs.message,
+        now,
+        g,
+    )
     suspended = obs.phase == Phase.SUSPENDED
-    set_condition(conditions, ConditionType.SUSPENDED, suspended, obs.reason if suspended else "NotSuspended",
-                  obs.message if suspended else "", now, g)
+    set_condition(
+        conditions,
+        ConditionType.SUSPENDED,
+        suspended,
+        obs.reason if suspended else "NotSuspended",
+        obs.message if suspended else "",
+        now,
+        g,
+    )
     succeeded = obs.phase == Phase.SUCCEEDED
-    set_condition(conditions, ConditionType.SUCCEEDED, succeeded, obs.reason if succeeded else "NotSucceeded",
-                  obs.message if succeeded else "", now, g)
+    set_condition(
+        conditions,
+        ConditionType.SUCCEEDED,
+        succeeded,
+        obs.reason if succeeded else "NotSucceeded",
+        obs.message if succeeded else "",
+        now,
+        g,
+    )
     failed = obs.phase == Phase.FAILED
-    set_condition(conditions, ConditionType.FAILED, failed, obs.reason if failed else "NotFailed",
-                  obs.message if failed else "", now, g)
+    set_condition(
+        conditions,
+        ConditionType.FAILED,
+        failed,
+        obs.reason if failed else "NotFailed",
+        obs.message if failed else "",
+        now,
+        g,
+    )
     new["conditions"] = sort_conditions(conditions)
 
     if running and not new.get("startTime"):
@@ -256,9 +307,14 @@ def next_status(
         new["completionTime"] = obs.end_time or now
 
     if new["restarts"] > old_restarts:
-        events.append(Event("Warning", "Restarting",
-                            f"attempt {new['restarts']} failed; KubeRay retries on a new Ray cluster "
-                            f"({new['restarts']} restart{'s' if new['restarts'] != 1 else ''} so far)"))
+        events.append(
+            Event(
+                "Warning",
+                "Restarting",
+                f"attempt {new['restarts']} failed; KubeRay retries on a new Ray cluster "
+                f"({new['restarts']} restart{'s' if new['restarts'] != 1 else ''} so far)",
+            )
+        )
     if obs.phase != old_phase:
         if old_phase == Phase.SUSPENDED and obs.phase != Phase.SUSPENDED:
             events.append(Event("Normal", "Resumed", f"resumed; {obs.message}"))
@@ -268,12 +324,22 @@ def next_status(
 
 
 def _not_running_reason(obs: Observation) -> str:
-    return {Phase.SUCCEEDED: "Completed", Phase.FAILED: "Failed", Phase.SUSPENDED: "Suspended",
-            Phase.RESTARTING: "Restarting"}.get(obs.phase, obs.reason)
+    return {
+        Phase.SUCCEEDED: "Completed",
+        Phase.FAILED: "Failed",
+        Phase.SUSPENDED: "Suspended",
+        Phase.RESTARTING: "Restarting",
+    }.get(obs.phase, obs.reason)
 
 
-def invalid_status(old: dict[str, Any] | None, messages: list[str], *, reason: str = "InvalidSpec",
-                   now: str | None = None, generation: int | None = None) -> tuple[dict[str, Any], list[Event]]:
+def invalid_status(
+    old: dict[str, Any] | None,
+    messages: list[str],
+    *,
+    reason: str = "InvalidSpec",
+    now: str | None = None,
+    generation: int | None = None,
+) -> tuple[dict[str, Any], list[Event]]:
     """Status of an RLJob the operator refuses (it got past admission, e.g. with an older CRD): Failed, Valid=False."""
     now = now or now_rfc3339()
     new = copy.deepcopy(old or {})
@@ -284,7 +350,9 @@ def invalid_status(old: dict[str, Any] | None, messages: list[str], *, reason: s
     set_condition(conditions, ConditionType.FAILED, True, reason, message, now, generation)
     new["conditions"] = sort_conditions(conditions)
     events = []
-    if new.get("phase") != Phase.FAILED or get_condition(old, ConditionType.VALID) != get_condition(new, ConditionType.VALID):
+    if new.get("phase") != Phase.FAILED or get_condition(old, ConditionType.VALID) != get_condition(
+        new, ConditionType.VALID
+    ):
         events.append(Event("Warning", reason, message))
     new["phase"] = str(Phase.FAILED)
     new["message"] = message
@@ -294,7 +362,9 @@ def invalid_status(old: dict[str, Any] | None, messages: list[str], *, reason: s
     return _clean(new), events
 
 
-def valid_condition(old: dict[str, Any] | None, *, now: str | None = None, generation: int | None = None) -> dict[str, Any]:
+def valid_condition(
+    old: dict[str, Any] | None, *, now: str | None = None, generation: int | None = None
+) -> dict[str, Any]:
     """`old` with Valid=True set (the spec passed the operator's own validation)."""
     now = now or now_rfc3339()
     new = copy.deepcopy(old or {})

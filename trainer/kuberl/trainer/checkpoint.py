@@ -62,8 +62,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # --- worker side (called inside every rank) -------------------------------------------------------------------
 
 
-def save_sharded(folder: str | Path, *, rank: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 scheduler: Any) -> None:
+def save_sharded(
+    folder: str | Path, *, rank: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> None:
     """Gather full state dicts to rank 0 and write them; every rank writes its RNG. A collective: all ranks call."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import (
@@ -86,8 +87,14 @@ def save_sharded(folder: str | Path, *, rank: int, model: torch.nn.Module, optim
         dist.barrier()
 
 
-def load_sharded(folder: str | Path, *, rank: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-                 scheduler: Any | None) -> None:
+def load_sharded(
+    folder: str | Path,
+    *,
+    rank: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: Any | None,
+) -> None:
     """Rank 0 reads the full state dicts, FSDP scatters the shards; a collective: all ranks call."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,

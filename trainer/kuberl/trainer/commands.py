@@ -42,8 +42,13 @@ def add_commands(sub: argparse._SubParsersAction, make_handler: Callable[[str], 
     data_p.add_argument("--seed", type=int, default=0)
     data_p.add_argument("--split", default="train")
     data_p.add_argument("--max-operand", type=int, help="gsm8k-synth: largest starting amount and addend (default 50)")
-    data_p.add_argument("--steps", type=int, nargs=2, metavar=("MIN", "MAX"),
-                        help="gsm8k-synth: arithmetic steps per problem, inclusive range (default 1 3)")
+    data_p.add_argument(
+        "--steps",
+        type=int,
+        nargs=2,
+        metavar=("MIN", "MAX"),
+        help="gsm8k-synth: arithmetic steps per problem, inclusive range (default 1 3)",
+    )
     data_p.set_defaults(func=make_handler("data"))
 
     stats_p = sub.add_parser("stats", help="token-length percentiles of a dataset and suggested length limits")
@@ -79,8 +84,9 @@ def run(args: argparse.Namespace) -> int:
     from kuberl.trainer.run import run_job
 
     try:
-        return run_job(name, spec, address=args.address, run_dir=args.run_dir, steps=args.steps,
-                       show_progress=not args.no_progress)
+        return run_job(
+            name, spec, address=args.address, run_dir=args.run_dir, steps=args.steps, show_progress=not args.no_progress
+        )
     except (DataError, ModelNotFoundError, RewardFunctionLoadError, PlacementError) as exc:  # no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -110,8 +116,10 @@ def export(args: argparse.Namespace) -> int:
     if not (folder / "actor").is_dir():
         latest = find_latest(folder)
         if latest is None:
-            print(f"error: {folder} is neither a global_step_N checkpoint nor a checkpointDir holding one",
-                  file=sys.stderr)
+            print(
+                f"error: {folder} is neither a global_step_N checkpoint nor a checkpointDir holding one",
+                file=sys.stderr,
+            )
             return 1
         folder = latest
     actor = folder / "actor"
@@ -153,8 +161,10 @@ def data(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
     elif args.max_operand is not None or args.steps is not None:
-        print(f"error: --max-operand and --steps shape gsm8k-synth problems; the {args.task} task takes neither",
-              file=sys.stderr)
+        print(
+            f"error: --max-operand and --steps shape gsm8k-synth problems; the {args.task} task takes neither",
+            file=sys.stderr,
+        )
         return 1
     else:
         datagen.main_digit_copy(args.out, args.n, args.seed, args.split)

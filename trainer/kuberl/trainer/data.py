@@ -63,8 +63,10 @@ def load_rows(paths: list[str], *, prompt_key: str = "prompt") -> list[dict[str,
         if path.suffix not in SUFFIXES:
             raise DataError(f"{name}: unsupported data file type {path.suffix!r}; use one of {SUFFIXES}")
         if not path.is_file():
-            raise DataError(f"{name}: data file does not exist (check data.trainFiles / data.valFiles and the "
-                            "volume that holds them)")
+            raise DataError(
+                f"{name}: data file does not exist (check data.trainFiles / data.valFiles and the "
+                "volume that holds them)"
+            )
         for number, row in enumerate(read_file(path)):
             check_row(row, f"{name} row {number}", prompt_key)
             rows.append(row)
@@ -84,11 +86,17 @@ class Prompt:
 
 
 def check_chat(chat: Any, index: int, prompt_key: str) -> list[dict[str, str]]:
-    if not isinstance(chat, list) or not chat or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in chat):
-        raise DataError(f"row {index}: {prompt_key!r} must be a non-empty chat list of "
-                        f"{{'role': str, 'content': str}}, found {chat!r:.200}")
+    if (
+        not isinstance(chat, list)
+        or not chat
+        or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in chat
+        )
+    ):
+        raise DataError(
+            f"row {index}: {prompt_key!r} must be a non-empty chat list of "
+            f"{{'role': str, 'content': str}}, found {chat!r:.200}"
+        )
     return [{"role": m["role"], "content": m["content"]} for m in chat]
 
 
@@ -99,8 +107,15 @@ class PromptDataset:
     ``filter_overlong``; otherwise the first one is an error.
     """
 
-    def __init__(self, rows: list[dict[str, Any]], tokenizer: PreTrainedTokenizerBase, *,
-                 prompt_key: str = "prompt", max_prompt_length: int, filter_overlong: bool) -> None:
+    def __init__(
+        self,
+        rows: list[dict[str, Any]],
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        prompt_key: str = "prompt",
+        max_prompt_length: int,
+        filter_overlong: bool,
+    ) -> None:
         chats = [check_chat(row.get(prompt_key), i, prompt_key) for i, row in enumerate(rows)]
         texts = [tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) for chat in chats]
         token_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
@@ -109,14 +124,23 @@ class PromptDataset:
         for index, (row, chat, ids) in enumerate(zip(rows, chats, token_ids, strict=True)):
             if len(ids) > max_prompt_length:
                 if not filter_overlong:
-                    raise DataError(f"row {index}: prompt is {len(ids)} tokens after the chat template, longer than "
-                                    f"maxPromptLength {max_prompt_length}; raise data.maxPromptLength or set "
-                                    "data.filterOverlongPrompts")
+                    raise DataError(
+                        f"row {index}: prompt is {len(ids)} tokens after the chat template, longer than "
+                        f"maxPromptLength {max_prompt_length}; raise data.maxPromptLength or set "
+                        "data.filterOverlongPrompts"
+                    )
                 self.num_filtered += 1
                 continue
-            self.prompts.append(Prompt(input_ids=list(ids), data_source=row["data_source"],
-                                       ground_truth=str(row["reward_model"].get("ground_truth") or ""),
-                                       extra_info=dict(row.get("extra_info") or {}), index=index, raw_prompt=chat))
+            self.prompts.append(
+                Prompt(
+                    input_ids=list(ids),
+                    data_source=row["data_source"],
+                    ground_truth=str(row["reward_model"].get("ground_truth") or ""),
+                    extra_info=dict(row.get("extra_info") or {}),
+                    index=index,
+                    raw_prompt=chat,
+                )
+            )
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -137,9 +161,11 @@ class PromptLoader:
         if batch_size < 1:
             raise DataError(f"batch size must be ≥ 1, got {batch_size}")
         if len(dataset) < batch_size:
-            raise DataError(f"the data holds {len(dataset)} prompts ({dataset.num_filtered} overlong filtered), fewer "
-                            f"than one batch of data.trainBatchSize={batch_size}: add data, lower the batch size, or "
-                            "raise data.maxPromptLength")
+            raise DataError(
+                f"the data holds {len(dataset)} prompts ({dataset.num_filtered} overlong filtered), fewer "
+                f"than one batch of data.trainBatchSize={batch_size}: add data, lower the batch size, or "
+                "raise data.maxPromptLength"
+            )
         self.dataset = dataset
         self.batch_size = batch_size
         self.seed = seed
@@ -160,7 +186,7 @@ class PromptLoader:
         while self.batch_in_epoch < len(self):
             start = self.batch_in_epoch * self.batch_size
             self.batch_in_epoch += 1
-            yield [self.dataset[int(i)] for i in order[start:start + self.batch_size]]
+            yield [self.dataset[int(i)] for i in order[start : start + self.batch_size]]
         self.epoch += 1
         self.batch_in_epoch = 0
 
@@ -169,7 +195,9 @@ class PromptLoader:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if not 0 <= state["batch_in_epoch"] <= len(self):
-            raise DataError(f"loader state {state} is past the {len(self)} batches per epoch of this data; the data "
-                            "or batch size changed since the checkpoint")
+            raise DataError(
+                f"loader state {state} is past the {len(self)} batches per epoch of this data; the data "
+                "or batch size changed since the checkpoint"
+            )
         self.epoch = state["epoch"]
         self.batch_in_epoch = state["batch_in_epoch"]

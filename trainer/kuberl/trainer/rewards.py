@@ -53,6 +53,7 @@ def register_reward(name: str) -> Callable[[RewardFunction], RewardFunction]:
     def register(fn: RewardFunction) -> RewardFunction:
         BUILTINS[name] = fn
         return fn
+
     return register
 
 
@@ -75,15 +76,17 @@ def gsm8k(data_source: str, solution_str: str, ground_truth: str, extra_info: di
 
 
 @register_reward("exact_match")
-def exact_match(data_source: str, solution_str: str, ground_truth: str,
-                extra_info: dict[str, Any] | None = None) -> float:
+def exact_match(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+) -> float:
     """1.0 when the response equals the ground truth after stripping surrounding whitespace."""
     return 1.0 if solution_str.strip() == str(ground_truth).strip() else 0.0
 
 
 @register_reward("prefix_match")
-def prefix_match(data_source: str, solution_str: str, ground_truth: str,
-                 extra_info: dict[str, Any] | None = None) -> float:
+def prefix_match(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+) -> float:
     """1.0 when the stripped response starts with the stripped ground truth.
 
     Used for ``kuberl/digits``: a tiny random model rarely stops on its own, so what follows the answer is ignored.
@@ -102,7 +105,8 @@ def default(data_source: str, solution_str: str, ground_truth: str, extra_info: 
     if rule is None:
         raise RewardFunctionError(
             f"no builtin reward for data_source {data_source!r}; builtin data sources: {sorted(DISPATCH)}; "
-            f"set reward.function to a builtin ({sorted(BUILTINS)}) or 'module:function'")
+            f"set reward.function to a builtin ({sorted(BUILTINS)}) or 'module:function'"
+        )
     return rule(data_source, solution_str, ground_truth, extra_info)
 
 
@@ -114,12 +118,14 @@ def load_reward_function(name: str) -> RewardFunction:
     if not sep or not target or not attribute:
         raise RewardFunctionLoadError(
             f"reward function {name!r} is neither a builtin ({sorted(BUILTINS)}) nor 'module:function' "
-            "nor 'path/to/file.py:function'")
+            "nor 'path/to/file.py:function'"
+        )
     module = load_file(target, name) if target.endswith(".py") or "/" in target else import_module(target, name)
     if not hasattr(module, attribute):
         public = sorted(a for a in vars(module) if not a.startswith("_") and callable(getattr(module, a)))
-        raise RewardFunctionLoadError(f"reward function {name!r}: {target} has no attribute {attribute!r}; "
-                                      f"callables there: {public}")
+        raise RewardFunctionLoadError(
+            f"reward function {name!r}: {target} has no attribute {attribute!r}; callables there: {public}"
+        )
     fn = getattr(module, attribute)
     if not callable(fn):
         raise RewardFunctionLoadError(f"reward function {name!r}: {attribute} is a {type(fn).__name__}, not callable")
@@ -132,14 +138,17 @@ def import_module(module_name: str, name: str) -> Any:
     except ModuleNotFoundError as e:
         raise RewardFunctionLoadError(
             f"reward function {name!r}: cannot import {e.name!r}; install the package in the trainer image or "
-            f"put its folder on PYTHONPATH (sys.path is {sys.path})") from e
+            f"put its folder on PYTHONPATH (sys.path is {sys.path})"
+        ) from e
 
 
 def load_file(file_name: str, name: str) -> Any:
     path = Path(file_name).expanduser()
     if not path.is_file():
-        raise RewardFunctionLoadError(f"reward function {name!r}: file {file_name!r} does not exist "
-                                      "(mount it into the trainer pods, or use 'module:function')")
+        raise RewardFunctionLoadError(
+            f"reward function {name!r}: file {file_name!r} does not exist "
+            "(mount it into the trainer pods, or use 'module:function')"
+        )
     spec = importlib.util.spec_from_file_location(f"kuberl_reward_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -151,8 +160,10 @@ def describe(fn: RewardFunction) -> str:
 
 
 def failure(fn: RewardFunction, index: int, sample: RewardInput, problem: str) -> str:
-    return (f"reward function {describe(fn)} {problem} on sample {index} (data_source={sample.data_source!r}, "
-            f"ground_truth={sample.ground_truth!r}, solution[:200]={sample.solution_str[:200]!r})")
+    return (
+        f"reward function {describe(fn)} {problem} on sample {index} (data_source={sample.data_source!r}, "
+        f"ground_truth={sample.ground_truth!r}, solution[:200]={sample.solution_str[:200]!r})"
+    )
 
 
 def to_output(fn: RewardFunction, index: int, sample: RewardInput, value: Any) -> RewardOutput:
@@ -166,8 +177,15 @@ def to_output(fn: RewardFunction, index: int, sample: RewardInput, value: Any) -
         score = value["score"]
         extra = {k: float(v) for k, v in value.items() if k != "score" and isinstance(v, numbers.Real)}
     if not isinstance(score, numbers.Real) or not math.isfinite(float(score)):
-        raise RewardFunctionError(failure(fn, index, sample, f"returned {score!r} ({type(score).__name__}); "
-                                          "return a finite number, a bool, or a dict with a numeric 'score'"))
+        raise RewardFunctionError(
+            failure(
+                fn,
+                index,
+                sample,
+                f"returned {score!r} ({type(score).__name__}); "
+                "return a finite number, a bool, or a dict with a numeric 'score'",
+            )
+        )
     return RewardOutput(score=float(score), extra=extra)
 
 
@@ -207,8 +225,9 @@ def score_batch(fn: RewardFunction, samples: list[RewardInput]) -> list[RewardOu
     outputs = []
     for index, (sample, result) in enumerate(zip(samples, results, strict=True)):
         if isinstance(result, Exception):
-            raise RewardFunctionError(failure(fn, index, sample, f"raised {type(result).__name__}: {result}")) \
-                from result
+            raise RewardFunctionError(
+                failure(fn, index, sample, f"raised {type(result).__name__}: {result}")
+            ) from result
         outputs.append(to_output(fn, index, sample, result))
     return outputs
 
@@ -221,15 +240,26 @@ class RewardModelScorer:
     from the attention mask rather than by searching for the pad id, which fails when pad and eos share an id.
     """
 
-    def __init__(self, path: str, *, micro_batch_size: int, dtype: torch.dtype, max_length: int,
-                 device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        micro_batch_size: int,
+        dtype: torch.dtype,
+        max_length: int,
+        device: str | torch.device = "cpu",
+    ) -> None:
         if micro_batch_size < 1 or max_length < 1:
-            raise ValueError(f"reward model {path!r}: micro_batch_size ({micro_batch_size}) and max_length "
-                             f"({max_length}) must be ≥ 1")
+            raise ValueError(
+                f"reward model {path!r}: micro_batch_size ({micro_batch_size}) and max_length "
+                f"({max_length}) must be ≥ 1"
+            )
         self.model = load_sequence_classifier(path, dtype).to(device).eval()
         if not hasattr(self.model, "score"):
-            raise ValueError(f"reward model {path!r} ({type(self.model).__name__}) has no 'score' head; use a "
-                             "decoder saved as AutoModelForSequenceClassification")
+            raise ValueError(
+                f"reward model {path!r} ({type(self.model).__name__}) has no 'score' head; use a "
+                "decoder saved as AutoModelForSequenceClassification"
+            )
         self.tokenizer = load_tokenizer(path)
         self.tokenizer.padding_side = "right"
         self.tokenizer.truncation_side = "right"
@@ -241,8 +271,13 @@ class RewardModelScorer:
     def score(self, texts: list[str]) -> list[float]:
         scores: list[float] = []
         for start in range(0, len(texts), self.micro_batch_size):
-            batch = self.tokenizer(texts[start:start + self.micro_batch_size], padding=True, truncation=True,
-                                   max_length=self.max_length, return_tensors="pt").to(self.device)
+            batch = self.tokenizer(
+                texts[start : start + self.micro_batch_size],
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="pt",
+            ).to(self.device)
             hidden = getattr(self.model, self.model.base_model_prefix)(**batch).last_hidden_state
             last = batch["attention_mask"].sum(dim=-1) - 1
             pooled = hidden[torch.arange(hidden.shape[0], device=self.device), last]

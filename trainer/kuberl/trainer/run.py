@@ -12,6 +12,7 @@ metrics wrap it in :meth:`Trainer.fit`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -48,8 +49,17 @@ def parse_cpu(quantity: str) -> float:
 
 
 class Trainer:
-    def __init__(self, name: str, spec: RLJobSpec, *, run_dir: Path, namespace: str = "default",
-                 address: str | None = None, steps: int | None = None, show_progress: bool = True) -> None:
+    def __init__(
+        self,
+        name: str,
+        spec: RLJobSpec,
+        *,
+        run_dir: Path,
+        namespace: str = "default",
+        address: str | None = None,
+        steps: int | None = None,
+        show_progress: bool = True,
+    ) -> None:
         self.name = name
         self.spec = spec
         self.run_dir = run_dir
@@ -80,34 +90,50 @@ class Trainer:
         torch.manual_seed(spec.data.seed)
         np.random.seed(spec.data.seed)
         self.tokenizer = load_tokenizer(spec.model.tokenizer_path or spec.model.path)
-        dataset = PromptDataset(load_rows(spec.data.train_files, prompt_key=spec.data.prompt_key), self.tokenizer,
-                                prompt_key=spec.data.prompt_key, max_prompt_length=spec.data.max_prompt_length,
-                                filter_overlong=spec.data.filter_overlong_prompts)
+        dataset = PromptDataset(
+            load_rows(spec.data.train_files, prompt_key=spec.data.prompt_key),
+            self.tokenizer,
+            prompt_key=spec.data.prompt_key,
+            max_prompt_length=spec.data.max_prompt_length,
+            filter_overlong=spec.data.filter_overlong_prompts,
+        )
         self.loader = PromptLoader(dataset, spec.batch.train_batch_size, seed=spec.data.seed, shuffle=spec.data.shuffle)
         self.val_prompts: list[Prompt] = []
         if spec.data.val_files:
-            self.val_prompts = PromptDataset(load_rows(spec.data.val_files, prompt_key=spec.data.prompt_key),
-                                             self.tokenizer, prompt_key=spec.data.prompt_key,
-                                             max_prompt_length=spec.data.max_prompt_length,
-                                             filter_overlong=True).prompts
-        self.total_steps = (self.steps_override or spec.trainer.total_steps
-                            or spec.trainer.total_epochs * len(self.loader))
+            self.val_prompts = PromptDataset(
+                load_rows(spec.data.val_files, prompt_key=spec.data.prompt_key),
+                self.tokenizer,
+                prompt_key=spec.data.prompt_key,
+                max_prompt_length=spec.data.max_prompt_length,
+                filter_overlong=True,
+            ).prompts
+        self.total_steps = (
+            self.steps_override or spec.trainer.total_steps or spec.trainer.total_epochs * len(self.loader)
+        )
         p = self.plan
-        self.write(f"RLJob {self.name}: {p.trainer_gpus} {spec.cluster.device} trainer rank(s), "
-                   f"{p.responses_per_step} responses/step, {p.optimizer_steps_per_step} optimizer step(s)/step, "
-                   f"micro-batch {p.micro_batch_size_per_gpu or 'by token budget'}"
-                   f"{f' × {p.gradient_accumulation_steps} accumulated' if p.gradient_accumulation_steps else ''}; "
-                   f"{self.total_steps} steps, {len(self.loader)} per epoch; {len(dataset)} prompts "
-                   f"({dataset.num_filtered} overlong filtered), {len(self.val_prompts)} validation prompts")
+        self.write(
+            f"RLJob {self.name}: {p.trainer_gpus} {spec.cluster.device} trainer rank(s), "
+            f"{p.responses_per_step} responses/step, {p.optimizer_steps_per_step} optimizer step(s)/step, "
+            f"micro-batch {p.micro_batch_size_per_gpu or 'by token budget'}"
+            f"{f' × {p.gradient_accumulation_steps} accumulated' if p.gradient_accumulation_steps else ''}; "
+            f"{self.total_steps} steps, {len(self.loader)} per epoch; {len(dataset)} prompts "
+            f"({dataset.num_filtered} overlong filtered), {len(self.val_prompts)} validation prompts"
+        )
         self.reward_fn = None if spec.reward.model else load_reward_function(spec.reward.function)
         self.rm_tokenizer = load_tokenizer(spec.reward.model.path) if spec.reward.model else None
         self.start_ray()
         self.start_workers()
         self.flops_per_token = model_family_flops_per_token(self.model_config)
-        self.metrics = MetricsLogger(self.run_dir, loggers=spec.trainer.loggers, rljob=self.name,
-                                     namespace=self.namespace, metrics_port=spec.trainer.metrics_port,
-                                     total_steps=self.total_steps, write=self.write,
-                                     config=spec.model_dump(mode="json", by_alias=True))
+        self.metrics = MetricsLogger(
+            self.run_dir,
+            loggers=spec.trainer.loggers,
+            rljob=self.name,
+            namespace=self.namespace,
+            metrics_port=spec.trainer.metrics_port,
+            total_steps=self.total_steps,
+            write=self.write,
+            config=spec.model_dump(mode="json", by_alias=True),
+        )
         self.reporter = StatusReporter.from_env(self.name, self.namespace)
         self.resume()
 
@@ -124,8 +150,13 @@ class Trainer:
         if self.address:
             ray.init(address=self.address, log_to_driver=True)
         else:
-            ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=max(os.cpu_count() or 1, self.dp),
-                     include_dashboard=False, log_to_driver=True)
+            ray.init(
+                address="local",
+                _node_ip_address="127.0.0.1",
+                num_cpus=max(os.cpu_count() or 1, self.dp),
+                include_dashboard=False,
+                log_to_driver=True,
+            )
         self.ray_started_here = True
 
     def start_workers(self) -> None:
@@ -142,18 +173,25 @@ class Trainer:
             # a local Ray has all the GPUs it will ever have: fail now rather than wait for a placement
             gpus = ray.cluster_resources().get("GPU", 0.0)
             if gpus < self.dp:
-                raise PlacementError(f"cluster.trainer asks for {self.dp} GPU(s) and this machine has {int(gpus)}; "
-                                     "without GPUs use cluster.device cpu and rollout.engine hf")
+                raise PlacementError(
+                    f"cluster.trainer asks for {self.dp} GPU(s) and this machine has {int(gpus)}; "
+                    "without GPUs use cluster.device cpu and rollout.engine hf"
+                )
         self.layout = self.rollout_layout()
         bundle = {"CPU": 1.0, "GPU": 1.0} if spec.cluster.device == "cuda" else {"CPU": 1.0}
         selector = self.layout.trainer_label_selector if self.layout else None
-        self.pg = placement_group([dict(bundle) for _ in range(self.dp)], strategy="PACK",
-                                  bundle_label_selector=[selector] * self.dp if selector else None)
+        self.pg = placement_group(
+            [dict(bundle) for _ in range(self.dp)],
+            strategy="PACK",
+            bundle_label_selector=[selector] * self.dp if selector else None,
+        )
         try:
             ray.get(self.pg.ready(), timeout=600)
         except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(f"the Ray cluster cannot place {self.dp} trainer ranks of {bundle} within 10 minutes; "
-                               f"cluster resources: {ray.cluster_resources()}") from None
+            raise RuntimeError(
+                f"the Ray cluster cannot place {self.dp} trainer ranks of {bundle} within 10 minutes; "
+                f"cluster resources: {ray.cluster_resources()}"
+            ) from None
         if self.address:
             threads = max(1, int(parse_cpu(pool.cpu)) // pool.gpus_per_node)
         else:
@@ -164,8 +202,10 @@ class Trainer:
         info = self.actor.all("init_model", self.total_steps)[0]
         self.pad_id = info["pad_id"]
         self.eos_ids = info["eos_ids"]
-        self.write(f"policy {spec.model.path}: {info['params'] / 1e6:.2f}M parameters, "
-                   f"{info['trainable_params'] / 1e6:.2f}M trained")
+        self.write(
+            f"policy {spec.model.path}: {info['params'] / 1e6:.2f}M parameters, "
+            f"{info['trainable_params'] / 1e6:.2f}M trained"
+        )
         if self.layout is not None:
             self.start_rollout(self.layout)
         self.critic = None
@@ -188,8 +228,11 @@ class Trainer:
 
         from kuberl.trainer.rollout.layout import plan_rollout_layout, rollout_pool_labelled
 
-        return plan_rollout_layout(self.spec, cluster_gpus=ray.cluster_resources().get("GPU", 0.0),
-                                   rollout_pool_labelled=rollout_pool_labelled(ray.nodes()))
+        return plan_rollout_layout(
+            self.spec,
+            cluster_gpus=ray.cluster_resources().get("GPU", 0.0),
+            rollout_pool_labelled=rollout_pool_labelled(ray.nodes()),
+        )
 
     def start_rollout(self, layout: Any) -> None:
         """Start the separate engines (with dummy weights), connect the trainer ranks to them and send the
@@ -199,16 +242,27 @@ class Trainer:
         from kuberl.trainer.workers import FRACTION
 
         spec, r = self.spec, self.spec.rollout
-        options = [engine_actor_options(layout, i, trainer_placement_group=self.pg, share=FRACTION["rollout"])
-                   for i in range(layout.engines)]
+        options = [
+            engine_actor_options(layout, i, trainer_placement_group=self.pg, share=FRACTION["rollout"])
+            for i in range(layout.engines)
+        ]
         self.rollout = VLLMEngineGroup.spawn(
-            options, spec.model.path, pad_id=self.pad_id, eos_ids=self.eos_ids, seed=spec.data.seed,
-            weight_transfer=layout.transport, tensor_parallel_size=r.tensor_parallel_size,
+            options,
+            spec.model.path,
+            pad_id=self.pad_id,
+            eos_ids=self.eos_ids,
+            seed=spec.data.seed,
+            weight_transfer=layout.transport,
+            tensor_parallel_size=r.tensor_parallel_size,
             gpu_memory_utilization=r.gpu_memory_utilization,
             max_model_len=spec.data.max_prompt_length + spec.data.max_response_length,
-            max_num_batched_tokens=r.max_num_batched_tokens, max_num_seqs=r.max_num_seqs,
-            enforce_eager=r.enforce_eager, dtype=spec.model.dtype, calculate_log_probs=r.calculate_log_probs,
-            load_format="dummy")
+            max_num_batched_tokens=r.max_num_batched_tokens,
+            max_num_seqs=r.max_num_seqs,
+            enforce_eager=r.enforce_eager,
+            dtype=spec.model.dtype,
+            calculate_log_probs=r.calculate_log_probs,
+            load_format="dummy",
+        )
         self.groups.append(self.rollout)
         group = None
         if layout.transport == "nccl":
@@ -217,8 +271,10 @@ class Trainer:
             group = ray.get(self.actor.workers[0].broadcast_group.remote([layout.gpus_per_engine] * layout.engines))
         self.actor.all("connect_rollout", self.rollout.engines, layout.transport, group)
         self.actor.all("sync_weights")
-        self.write(f"rollout: {layout.engines} separate vLLM engine(s) of {layout.gpus_per_engine} GPU(s), "
-                   f"{layout.kind} layout, weights by {layout.transport}")
+        self.write(
+            f"rollout: {layout.engines} separate vLLM engine(s) of {layout.gpus_per_engine} GPU(s), "
+            f"{layout.kind} layout, weights by {layout.transport}"
+        )
 
     def _model_config(self) -> Any:
         from kuberl.trainer.models import TINY_SCHEME, parse_tiny, resolve, tiny_config
@@ -257,9 +313,18 @@ class Trainer:
         self.actor.all("save_checkpoint", str(folder / "actor"))
         if self.critic is not None:
             self.critic.all("save_checkpoint", str(folder / "critic"))
-        ckpt.write_state(folder, {"step": self.global_step, "epoch": self.loader.epoch, "rljob": self.name,
-                                  "dataloader": self.loader.state_dict(), "kl_controller": self.kl_ctrl.state_dict(),
-                                  "total_steps": self.total_steps, "trainer_ranks": self.dp})
+        ckpt.write_state(
+            folder,
+            {
+                "step": self.global_step,
+                "epoch": self.loader.epoch,
+                "rljob": self.name,
+                "dataloader": self.loader.state_dict(),
+                "kl_controller": self.kl_ctrl.state_dict(),
+                "total_steps": self.total_steps,
+                "trainer_ranks": self.dp,
+            },
+        )
         ckpt.mark_latest(self.checkpoint_dir, folder)
         ckpt.rotate(self.checkpoint_dir, self.spec.trainer.max_checkpoints)
         self.last_checkpoint = str(folder)
@@ -272,8 +337,15 @@ class Trainer:
 
         spec = self.spec.trainer
         previous = signal.signal(signal.SIGINT, self._on_sigint)
-        bar = tqdm(total=self.total_steps, initial=self.global_step, desc=self.name, unit="step",
-                   disable=not self.show_progress, file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(
+            total=self.total_steps,
+            initial=self.global_step,
+            desc=self.name,
+            unit="step",
+            disable=not self.show_progress,
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
         try:
             if spec.val_before_train and self.val_prompts and self.global_step == 0:
                 val = self.validate()
@@ -321,11 +393,17 @@ class Trainer:
         if self.reporter is None:
             return
         step_time = metrics.get("perf/time_per_step") or 0.0
-        self.reporter.report({
-            "step": self.global_step, "totalSteps": self.total_steps, "epoch": int(metrics.get("training/epoch", 0)),
-            "rewardMean": metrics.get("critic/score/mean"), "lastCheckpoint": self.last_checkpoint,
-            "tokensPerSecond": metrics["perf/total_num_tokens"] / step_time if step_time else None,
-        }, force=force)
+        self.reporter.report(
+            {
+                "step": self.global_step,
+                "totalSteps": self.total_steps,
+                "epoch": int(metrics.get("training/epoch", 0)),
+                "rewardMean": metrics.get("critic/score/mean"),
+                "lastCheckpoint": self.last_checkpoint,
+                "tokensPerSecond": metrics["perf/total_num_tokens"] / step_time if step_time else None,
+            },
+            force=force,
+        )
 
     # --- one step --------------------------------------------------------------------------------------------
 
@@ -355,15 +433,27 @@ class Trainer:
                 mask = rows["response_mask"].float()
                 token_rewards = token_scores
                 if algo.kl.in_reward:
-                    token_rewards, mean_kl = apply_kl_in_reward(token_scores, rows["old_log_probs"],
-                                                                rows["ref_log_probs"], mask, coef=self.kl_ctrl.value,
-                                                                kind=algo.kl.type)
+                    token_rewards, mean_kl = apply_kl_in_reward(
+                        token_scores,
+                        rows["old_log_probs"],
+                        rows["ref_log_probs"],
+                        mask,
+                        coef=self.kl_ctrl.value,
+                        kind=algo.kl.type,
+                    )
                     metrics["actor/reward_kl_penalty"] = mean_kl
                     metrics["actor/reward_kl_penalty_coeff"] = self.kl_ctrl.value
                     self.kl_ctrl.update(mean_kl, len(samples))
                 advantages, returns = compute_advantages(
-                    algo.advantage_estimator, token_rewards, mask, values=rows.get("values"), group_ids=group_ids,
-                    gamma=algo.gamma, lam=algo.lam, norm_adv_by_std=algo.norm_adv_by_std)
+                    algo.advantage_estimator,
+                    token_rewards,
+                    mask,
+                    values=rows.get("values"),
+                    group_ids=group_ids,
+                    gamma=algo.gamma,
+                    lam=algo.lam,
+                    norm_adv_by_std=algo.norm_adv_by_std,
+                )
                 rows["advantages"], rows["returns"] = advantages, returns
             if self.critic is not None:
                 with timer("update_critic"):
@@ -380,14 +470,22 @@ class Trainer:
 
     def train_sampling(self) -> dict[str, Any]:
         r = self.spec.rollout
-        return {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
-                "max_new_tokens": self.spec.data.max_response_length}
+        return {
+            "temperature": r.temperature,
+            "top_p": r.top_p,
+            "top_k": r.top_k,
+            "max_new_tokens": self.spec.data.max_response_length,
+        }
 
     def val_sampling(self) -> dict[str, Any]:
         r = self.spec.rollout
         sample = r.val.do_sample
-        return {"temperature": r.val.temperature if sample else 0.0, "top_p": r.val.top_p if sample else 1.0,
-                "top_k": r.top_k, "max_new_tokens": self.spec.data.max_response_length}
+        return {
+            "temperature": r.val.temperature if sample else 0.0,
+            "top_p": r.val.top_p if sample else 1.0,
+            "top_k": r.top_k,
+            "max_new_tokens": self.spec.data.max_response_length,
+        }
 
     def generate(self, prompts: list[list[int]], n: int, sampling: dict[str, Any]) -> Rows:
         """Each rank generates a consecutive share; whole prompts when they divide evenly, else single samples.
@@ -396,7 +494,7 @@ class Trainer:
             return self.rollout.generate(prompts, n, **sampling).as_rows()
         if len(prompts) % self.dp == 0:
             per = len(prompts) // self.dp
-            calls = [(prompts[r * per:(r + 1) * per], n, sampling) for r in range(self.dp)]
+            calls = [(prompts[r * per : (r + 1) * per], n, sampling) for r in range(self.dp)]
         else:
             expanded = [p for p in prompts for _ in range(n)]
             chunks = np.array_split(np.arange(len(expanded)), self.dp)
@@ -417,30 +515,41 @@ class Trainer:
         """Split by mini-batch and rank (plan_batches), send each rank its slices and the global token totals."""
         mini_rows = self.spec.batch.ppo_mini_batch_size * self.spec.batch.rollout_n
         wanted = {k: rows[k] for k in ("prompts", "prompt_mask", "responses", "response_mask", *keys)}
-        totals = [{"tokens": float(slice_rows(wanted, s, s + mini_rows)["response_mask"].sum()),
-                   "seqs": float(mini_rows)} for s in range(0, len(rows["responses"]), mini_rows)]
+        totals = [
+            {"tokens": float(slice_rows(wanted, s, s + mini_rows)["response_mask"].sum()), "seqs": float(mini_rows)}
+            for s in range(0, len(rows["responses"]), mini_rows)
+        ]
         per_rank = shard_mini_batches(wanted, mini_batch_rows=mini_rows, dp=self.dp)
         results = group.each("update", [(mbs, totals) for mbs in per_rank])
         return reduce_update_metrics(results, role)
 
     def score(self, samples: list[Prompt], rows: Rows) -> tuple[Tensor, dict[str, float]]:
-        texts = [self.tokenizer.decode(ids[m.bool()], skip_special_tokens=True)
-                 for ids, m in zip(rows["responses"], rows["response_mask"], strict=True)]
+        texts = [
+            self.tokenizer.decode(ids[m.bool()], skip_special_tokens=True)
+            for ids, m in zip(rows["responses"], rows["response_mask"], strict=True)
+        ]
         if self.reward_model is not None:
-            full = [self.rm_tokenizer.apply_chat_template(s.raw_prompt + [{"role": "assistant", "content": t}],
-                                                          tokenize=False) for s, t in zip(samples, texts, strict=True)]
+            full = [
+                self.rm_tokenizer.apply_chat_template(
+                    [*s.raw_prompt, {"role": "assistant", "content": t}], tokenize=False
+                )
+                for s, t in zip(samples, texts, strict=True)
+            ]
             chunks = [list(c) for c in np.array_split(np.array(full, dtype=object), self.dp)]
             results = self.reward_model.each("score", [(c,) for c in chunks])
             return torch.tensor([x for r in results for x in r], dtype=torch.float32), {}
-        inputs = [RewardInput(s.data_source, t, s.ground_truth, s.extra_info)
-                  for s, t in zip(samples, texts, strict=True)]
+        inputs = [
+            RewardInput(s.data_source, t, s.ground_truth, s.extra_info) for s, t in zip(samples, texts, strict=True)
+        ]
         outputs = score_batch(self.reward_fn, inputs)
         extra: dict[str, list[float]] = {}
         for o in outputs:
             for k, v in o.extra.items():
                 extra.setdefault(k, []).append(v)
-        return (torch.tensor([o.score for o in outputs], dtype=torch.float32),
-                {f"reward_extra/{k}/mean": float(np.mean(v)) for k, v in extra.items()})
+        return (
+            torch.tensor([o.score for o in outputs], dtype=torch.float32),
+            {f"reward_extra/{k}/mean": float(np.mean(v)) for k, v in extra.items()},
+        )
 
     # --- validation ------------------------------------------------------------------------------------------
 
@@ -456,25 +565,30 @@ class Trainer:
 
     # --- metrics ---------------------------------------------------------------------------------------------
 
-    def data_metrics(self, rows: Rows, scores: Tensor, token_rewards: Tensor, entropy: Tensor | None,
-                     extra: dict[str, float]) -> dict[str, float]:
+    def data_metrics(
+        self, rows: Rows, scores: Tensor, token_rewards: Tensor, entropy: Tensor | None, extra: dict[str, float]
+    ) -> dict[str, float]:
         mask = rows["response_mask"].float()
         resp_len = mask.sum(-1)
         prompt_len = rows["prompt_mask"].float().sum(-1)
         seq_rewards = (token_rewards * mask).sum(-1)
         m = {
-            "critic/score/mean": scores.mean().item(), "critic/score/max": scores.max().item(),
+            "critic/score/mean": scores.mean().item(),
+            "critic/score/max": scores.max().item(),
             "critic/score/min": scores.min().item(),
-            "critic/rewards/mean": seq_rewards.mean().item(), "critic/rewards/max": seq_rewards.max().item(),
+            "critic/rewards/mean": seq_rewards.mean().item(),
+            "critic/rewards/max": seq_rewards.max().item(),
             "critic/rewards/min": seq_rewards.min().item(),
             "critic/advantages/mean": masked_mean(rows["advantages"], mask).item(),
             "critic/advantages/max": rows["advantages"][mask.bool()].max().item(),
             "critic/advantages/min": rows["advantages"][mask.bool()].min().item(),
             "critic/returns/mean": masked_mean(rows["returns"], mask).item(),
-            "response_length/mean": resp_len.mean().item(), "response_length/max": resp_len.max().item(),
+            "response_length/mean": resp_len.mean().item(),
+            "response_length/max": resp_len.max().item(),
             "response_length/min": resp_len.min().item(),
             "response_length/clip_ratio": (resp_len >= self.spec.data.max_response_length).float().mean().item(),
-            "prompt_length/mean": prompt_len.mean().item(), "prompt_length/max": prompt_len.max().item(),
+            "prompt_length/mean": prompt_len.mean().item(),
+            "prompt_length/max": prompt_len.max().item(),
             "prompt_length/min": prompt_len.min().item(),
         }
         if entropy is not None:
@@ -502,9 +616,12 @@ class Trainer:
 
         tokens = float(rows["response_mask"].sum() + rows["prompt_mask"].sum())
         step_time = timer.seconds["step"]
-        m = {"perf/total_num_tokens": tokens, "perf/time_per_step": step_time,
-             "perf/throughput": tokens / (step_time * self.dp),
-             "perf/cpu_memory_used_gb": psutil.virtual_memory().used / 2**30}
+        m = {
+            "perf/total_num_tokens": tokens,
+            "perf/time_per_step": step_time,
+            "perf/throughput": tokens / (step_time * self.dp),
+            "perf/cpu_memory_used_gb": psutil.virtual_memory().used / 2**30,
+        }
         peak = self.peak_flops()
         update_time = timer.seconds.get("update_actor")
         if peak and update_time:
@@ -539,15 +656,11 @@ class Trainer:
         if hasattr(self, "metrics"):
             self.metrics.close()
         for group in self.groups:
-            try:
+            with contextlib.suppress(Exception):
                 group.kill()
-            except Exception:
-                pass
         if getattr(self, "pg", None) is not None:
-            try:
+            with contextlib.suppress(Exception):
                 ray.util.remove_placement_group(self.pg)
-            except Exception:
-                pass
         if self.ray_started_here:
             ray.shutdown()
 
@@ -583,21 +696,32 @@ def reduce_update_metrics(results: list[dict[str, float]], role: str) -> dict[st
 # --- entry points ----------------------------------------------------------------------------------------------
 
 
-def run_job(name: str, spec: RLJobSpec, *, address: str | None = None, run_dir: str | None = None,
-            steps: int | None = None, namespace: str = "default", show_progress: bool = True) -> int:
+def run_job(
+    name: str,
+    spec: RLJobSpec,
+    *,
+    address: str | None = None,
+    run_dir: str | None = None,
+    steps: int | None = None,
+    namespace: str = "default",
+    show_progress: bool = True,
+) -> int:
     """Train ``spec``; 0 when done, 130 after an interrupt (checkpoint saved), 1 on failure."""
     folder = Path(run_dir) if run_dir else Path("runs") / name
     folder.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(name, spec, run_dir=folder, namespace=namespace, address=address, steps=steps,
-                      show_progress=show_progress)
+    trainer = Trainer(
+        name, spec, run_dir=folder, namespace=namespace, address=address, steps=steps, show_progress=show_progress
+    )
     started = time.time()
     try:
         trainer.setup()
         code = trainer.fit()
     finally:
         trainer.shutdown()
-    print(f"run {name}: {trainer.global_step} steps in {time.time() - started:.1f} s; metrics in "
-          f"{folder / 'metrics.jsonl'}; last checkpoint {trainer.last_checkpoint}")
+    print(
+        f"run {name}: {trainer.global_step} steps in {time.time() - started:.1f} s; metrics in "
+        f"{folder / 'metrics.jsonl'}; last checkpoint {trainer.last_checkpoint}"
+    )
     return code
 
 
@@ -627,8 +751,15 @@ def main(argv: list[str] | None = None) -> int:
     except InvalidSpec as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    return run_job(args.name, spec, address=args.address, run_dir=args.run_dir, steps=args.steps,
-                   namespace=args.namespace, show_progress=False)
+    return run_job(
+        args.name,
+        spec,
+        address=args.address,
+        run_dir=args.run_dir,
+        steps=args.steps,
+        namespace=args.namespace,
+        show_progress=False,
+    )
 
 
 if __name__ == "__main__":

@@ -27,12 +27,19 @@ def length_stats(paths: list[str], tokenizer: PreTrainedTokenizerBase, prompt_ke
     rows = load_rows(paths, prompt_key=prompt_key)
     if not rows:
         raise ValueError(f"{paths}: no rows to measure")
-    texts = [tokenizer.apply_chat_template(check_chat(row[prompt_key], i, prompt_key), add_generation_prompt=True,
-                                           tokenize=False) for i, row in enumerate(rows)]
+    texts = [
+        tokenizer.apply_chat_template(
+            check_chat(row[prompt_key], i, prompt_key), add_generation_prompt=True, tokenize=False
+        )
+        for i, row in enumerate(rows)
+    ]
     prompt_lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     stats: dict[str, Any] = {"files": list(paths), "rows": len(rows), "prompt_tokens": percentiles(prompt_lengths)}
-    answers = [str(row["extra_info"]["answer"]) for row in rows
-               if isinstance(row.get("extra_info"), dict) and row["extra_info"].get("answer") is not None]
+    answers = [
+        str(row["extra_info"]["answer"])
+        for row in rows
+        if isinstance(row.get("extra_info"), dict) and row["extra_info"].get("answer") is not None
+    ]
     if answers:
         answer_lengths = [len(ids) + 1 for ids in tokenizer(answers, add_special_tokens=False)["input_ids"]]
         stats["answer_rows"] = len(answers)
@@ -58,17 +65,21 @@ def suggest_lengths(stats: dict[str, Any]) -> tuple[int, int | None]:
 def format_report(stats: dict[str, Any]) -> str:
     """A table of the percentiles and the suggested ``spec.data`` limits."""
     columns = [f"p{q}" for q in PERCENTILES] + ["max"]
-    lines = [f"{stats['rows']} rows from {', '.join(stats['files'])}", "",
-             f"{'tokens':<10}" + "".join(f"{c:>8}" for c in columns)]
+    lines = [
+        f"{stats['rows']} rows from {', '.join(stats['files'])}",
+        "",
+        f"{'tokens':<10}" + "".join(f"{c:>8}" for c in columns),
+    ]
     for key, label in (("prompt_tokens", "prompt"), ("answer_tokens", "answer")):
         if key in stats:
             lines.append(f"{label:<10}" + "".join(f"{stats[key][c]:>8}" for c in columns))
     prompt, response = suggest_lengths(stats)
-    lines += ["", "suggested (p99 rounded up to a multiple of 64):",
-              f"  data.maxPromptLength: {prompt}"]
+    lines += ["", "suggested (p99 rounded up to a multiple of 64):", f"  data.maxPromptLength: {prompt}"]
     if response is None:
         lines.append("  data.maxResponseLength: no reference answers (extra_info.answer); choose it for the task")
     else:
-        lines.append(f"  data.maxResponseLength: {response}  (from {stats['answer_rows']} reference answers; "
-                     "reasoning by the policy may run longer)")
+        lines.append(
+            f"  data.maxResponseLength: {response}  (from {stats['answer_rows']} reference answers; "
+            "reasoning by the policy may run longer)"
+        )
     return "\n".join(lines)

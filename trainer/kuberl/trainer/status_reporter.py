@@ -28,8 +28,9 @@ def in_cluster() -> bool:
 
 
 class StatusReporter:
-    def __init__(self, name: str, namespace: str, *, api: Any = None, min_interval: float = 10.0,
-                 clock: Any = time.monotonic) -> None:
+    def __init__(
+        self, name: str, namespace: str, *, api: Any = None, min_interval: float = 10.0, clock: Any = time.monotonic
+    ) -> None:
         self.name = name
         self.namespace = namespace
         self.api = api
@@ -45,8 +46,10 @@ class StatusReporter:
             return None
         kubeconfig = os.environ.get("KUBECONFIG")
         if not namespace or not (in_cluster() or kubeconfig):
-            log.warning("%s=1 but no in-cluster credentials, KUBECONFIG or namespace: RLJob status will not be "
-                        "updated", ENV_FLAG)
+            log.warning(
+                "%s=1 but no in-cluster credentials, KUBECONFIG or namespace: RLJob status will not be updated",
+                ENV_FLAG,
+            )
             return None
         try:
             from kubernetes import client, config
@@ -72,11 +75,13 @@ class StatusReporter:
             return False
         self.last_sent = now
         try:
-            self.api.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, self.name,
-                                                           self.body(progress))
+            self.api.patch_namespaced_custom_object_status(
+                GROUP, VERSION, self.namespace, PLURAL, self.name, self.body(progress)
+            )
             return True
         except Exception as exc:
             self.failures += 1
-            log.warning("RLJob %s/%s status patch failed (%d so far): %s", self.namespace, self.name, self.failures,
-                        exc)
+            log.warning(
+                "RLJob %s/%s status patch failed (%d so far): %s", self.namespace, self.name, self.failures, exc
+            )
             return False

@@ -42,8 +42,13 @@ def is_tied(model: nn.Module) -> bool:
     return bool(getattr(config, "tie_word_embeddings", False))
 
 
-def rollout_named_tensors(named: Iterable[tuple[str, Tensor]], *, tied: bool, dtype: torch.dtype | None = None,
-                          device: torch.device | str | None = None) -> Iterator[tuple[str, Tensor]]:
+def rollout_named_tensors(
+    named: Iterable[tuple[str, Tensor]],
+    *,
+    tied: bool,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> Iterator[tuple[str, Tensor]]:
     """``named`` with the tied output head dropped, each tensor cast to ``dtype`` and moved to ``device``."""
     for name, tensor in named:
         if tied and name == TIED_HEAD:
@@ -70,17 +75,23 @@ def bucketed(named: Iterable[tuple[str, Tensor]], bucket_bytes: int) -> Iterator
         yield bucket
 
 
-def fsdp_weight_buckets(model: nn.Module, *, bucket_mb: int = DEFAULT_BUCKET_MB, dtype: torch.dtype = torch.bfloat16,
-                        device: torch.device | str | None = None,
-                        lora_scaling: float | None = None) -> Iterator[Bucket]:
+def fsdp_weight_buckets(
+    model: nn.Module,
+    *,
+    bucket_mb: int = DEFAULT_BUCKET_MB,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str | None = None,
+    lora_scaling: float | None = None,
+) -> Iterator[Bucket]:
     """Full (unsharded) weights of an FSDP2 model in buckets of ``bucket_mb`` MiB, in the rollout dtype.
 
     Every rank of the FSDP group must drain this iterator in lockstep: each parameter's ``full_tensor()`` is an
     all-gather. LoRA adapters are merged into their base weights (``fsdp.full_named_parameters``).
     """
     named = full_named_parameters(model, lora_scaling=lora_scaling)
-    yield from bucketed(rollout_named_tensors(named, tied=is_tied(_base(model)), dtype=dtype, device=device),
-                        bucket_mb * 1024 * 1024)
+    yield from bucketed(
+        rollout_named_tensors(named, tied=is_tied(_base(model)), dtype=dtype, device=device), bucket_mb * 1024 * 1024
+    )
 
 
 def _base(model: nn.Module) -> nn.Module:
@@ -95,8 +106,9 @@ class ParamMeta:
     shape: tuple[int, ...]
 
 
-def fsdp_param_metadata(model: nn.Module, *, dtype: torch.dtype = torch.bfloat16,
-                        lora: bool = False) -> list[ParamMeta]:
+def fsdp_param_metadata(
+    model: nn.Module, *, dtype: torch.dtype = torch.bfloat16, lora: bool = False
+) -> list[ParamMeta]:
     """Name, wire dtype and full shape of every tensor :func:`fsdp_weight_buckets` yields, in the same order,
     read from the DTensors' global shapes without gathering anything."""
     tied = is_tied(_base(model))
@@ -147,8 +159,12 @@ class BroadcastGroup:
 
     def engine_init_info(self, engine: int) -> dict[str, Any]:
         """vLLM's ``NCCLWeightTransferInitInfo`` for engine ``engine`` (``LLM.init_weight_transfer_engine``)."""
-        return {"master_address": self.master_address, "master_port": self.master_port,
-                "rank_offset": 1 + sum(self.engine_world_sizes[:engine]), "world_size": self.world_size}
+        return {
+            "master_address": self.master_address,
+            "master_port": self.master_port,
+            "rank_offset": 1 + sum(self.engine_world_sizes[:engine]),
+            "world_size": self.world_size,
+        }
 
 
 def new_broadcast_group(engine_world_sizes: Sequence[int]) -> BroadcastGroup:
@@ -168,8 +184,15 @@ class WeightBroadcaster:
     take part in the FSDP gathers (and, for ``ipc``, the handle exchange) of :meth:`send`.
     """
 
-    def __init__(self, engines: Sequence[Any], *, rank: int, transport: Transport,
-                 group: BroadcastGroup | None = None, bucket_mb: int = DEFAULT_BUCKET_MB) -> None:
+    def __init__(
+        self,
+        engines: Sequence[Any],
+        *,
+        rank: int,
+        transport: Transport,
+        group: BroadcastGroup | None = None,
+        bucket_mb: int = DEFAULT_BUCKET_MB,
+    ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"weight transport must be one of {TRANSPORTS}, got {transport!r}")
         if transport == "nccl" and group is None:
@@ -186,13 +209,12 @@ class WeightBroadcaster:
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
         if len(self.engines) != len(group.engine_world_sizes):
-            raise ValueError(f"{len(self.engines)} engines but the group was made for "
-                             f"{len(group.engine_world_sizes)}")
+            raise ValueError(f"{len(self.engines)} engines but the group was made for {len(group.engine_world_sizes)}")
         # Both sides block in the rendezvous: start the engines' side first, then join.
         pending = [e.init_weight_transfer.remote(group.engine_init_info(i)) for i, e in enumerate(self.engines)]
         self.communicator = NCCLWeightTransferEngine.trainer_init(
-            {"master_address": group.master_address, "master_port": group.master_port,
-             "world_size": group.world_size})
+            {"master_address": group.master_address, "master_port": group.master_port, "world_size": group.world_size}
+        )
         ray.get(pending)
 
     def _on_engines(self, method: str, *args: Any) -> list[Any]:
@@ -211,8 +233,10 @@ class WeightBroadcaster:
             for name, tensor in named:
                 meta = next(expected, None)
                 if meta is None or meta.name != name or tuple(tensor.shape) != meta.shape:
-                    raise RuntimeError(f"weight stream out of step with its metadata at {name!r} "
-                                       f"(expected {meta}); the engines are left waiting for the weights")
+                    raise RuntimeError(
+                        f"weight stream out of step with its metadata at {name!r} "
+                        f"(expected {meta}); the engines are left waiting for the weights"
+                    )
                 yield name, tensor.to(meta.dtype).contiguous()
 
         if self.rank == 0:
@@ -232,9 +256,12 @@ class WeightBroadcaster:
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
         packing = {"packed": True, "packed_buffer_size_bytes": self.bucket_bytes, "packed_num_buffers": 2}
-        update_info = {"names": [m.name for m in metadata],
-                       "dtype_names": [str(m.dtype).removeprefix("torch.") for m in metadata],
-                       "shapes": [list(m.shape) for m in metadata], **packing}
+        update_info = {
+            "names": [m.name for m in metadata],
+            "dtype_names": [str(m.dtype).removeprefix("torch.") for m in metadata],
+            "shapes": [list(m.shape) for m in metadata],
+            **packing,
+        }
         pending = [e.update_weights.remote(update_info) for e in self.engines]
         NCCLWeightTransferEngine.trainer_send_weights(named, {"group": self.communicator, **packing})
         torch.cuda.synchronize()
@@ -251,12 +278,15 @@ class WeightBroadcaster:
             self._on_engines("update_weights", asdict(update_info))
 
         IPCWeightTransferEngine.trainer_send_weights(
-            named, {"send_mode": deliver, "packed": True, "packed_buffer_size_bytes": self.bucket_bytes})
+            named, {"send_mode": deliver, "packed": True, "packed_buffer_size_bytes": self.bucket_bytes}
+        )
 
-    def send_fsdp(self, model: nn.Module, *, dtype: torch.dtype = torch.bfloat16,
-                  lora_scaling: float | None = None) -> None:
+    def send_fsdp(
+        self, model: nn.Module, *, dtype: torch.dtype = torch.bfloat16, lora_scaling: float | None = None
+    ) -> None:
         """:meth:`send` of an FSDP2 model's full weights."""
         metadata = fsdp_param_metadata(model, dtype=dtype, lora=lora_scaling is not None)
-        named = rollout_named_tensors(full_named_parameters(model, lora_scaling=lora_scaling),
-                                      tied=is_tied(_base(model)))
+        named = rollout_named_tensors(
+            full_named_parameters(model, lora_scaling=lora_scaling), tied=is_tied(_base(model))
+        )
         self.send(named, metadata)

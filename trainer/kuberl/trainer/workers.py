@@ -39,7 +39,6 @@ FRACTION = {"actor": 0.4, "critic": 0.25, "reward_model": 0.15, "rollout": 0.2}
 """Share of a rank's bundle each role's actor requests; Ray only needs them to fit in one bundle together."""
 
 
-
 class DistributedWorker:
     """A rank of a worker group: process-group setup, threads, seeding."""
 
@@ -79,8 +78,9 @@ class DistributedWorker:
         import torch.distributed as dist
 
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://{address}:{port}", rank=self.rank,
-                                world_size=self.world_size)
+        dist.init_process_group(
+            backend, init_method=f"tcp://{address}:{port}", rank=self.rank, world_size=self.world_size
+        )
 
     # --- micro-batch loop shared by actor and critic ---
 
@@ -94,8 +94,14 @@ class DistributedWorker:
             dist.all_reduce(count, op=dist.ReduceOp.MAX)
         return equalize(bins, int(count))
 
-    def forward_only(self, rows: Rows, fn: Callable[[Rows], dict[str, Tensor]], *, micro_batch_size: int | None,
-                     max_tokens: int | None) -> dict[str, Tensor]:
+    def forward_only(
+        self,
+        rows: Rows,
+        fn: Callable[[Rows], dict[str, Tensor]],
+        *,
+        micro_batch_size: int | None,
+        max_tokens: int | None,
+    ) -> dict[str, Tensor]:
         """Run ``fn`` over micro-batches without gradients and stitch the ``(b, r)`` outputs back to ``(B, R)``."""
         width = rows["responses"].shape[1]
         outputs: dict[str, list[tuple[list[int], Tensor]]] = {}
@@ -124,8 +130,13 @@ def response_logits(model: nn.Module, rows: Rows, temperature: float, device: to
     rows = trim(rows)
     input_ids, attention_mask, position_ids = model_inputs(rows)
     r = rows["responses"].shape[1]
-    out = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                position_ids=position_ids.to(device), use_cache=False, logits_to_keep=r + 1)
+    out = model(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        position_ids=position_ids.to(device),
+        use_cache=False,
+        logits_to_keep=r + 1,
+    )
     logits = out.logits[:, :-1].float()
     if temperature > 0:
         logits = logits / temperature
@@ -145,9 +156,15 @@ class ActorWorker(DistributedWorker):
         self.uses_ref = kl.in_reward or kl.loss.enabled
         self.ref = None
         if self.uses_ref and spec.model.lora is None:
-            self.ref = fsdp.prepare(load_causal_lm(spec.model.path, torch.float32), gradient_checkpointing=False,
-                                    reshard_after_forward=True, param_offload=spec.actor.fsdp.param_offload,
-                                    trainable=False, device=self.device, dtype=spec.model.dtype)
+            self.ref = fsdp.prepare(
+                load_causal_lm(spec.model.path, torch.float32),
+                gradient_checkpointing=False,
+                reshard_after_forward=True,
+                param_offload=spec.actor.fsdp.param_offload,
+                trainable=False,
+                device=self.device,
+                dtype=spec.model.dtype,
+            )
         params = num_params(model)
         self.build_policy(model, total_steps)
         eos_ids = sorted({self.tokenizer.eos_token_id, *_as_list(getattr(self.config, "eos_token_id", None))} - {None})
@@ -156,8 +173,12 @@ class ActorWorker(DistributedWorker):
         if self.rollout is not None:
             self.sync_weights()
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)  # DTensor numel is global
-        return {"params": params, "trainable_params": trainable, "pad_id": self.tokenizer.pad_token_id,
-                "eos_ids": eos_ids}
+        return {
+            "params": params,
+            "trainable_params": trainable,
+            "pad_id": self.tokenizer.pad_token_id,
+            "eos_ids": eos_ids,
+        }
 
     def build_policy(self, model: nn.Module, total_steps: int) -> None:
         """The trained policy from an fp32 ``model``: FSDP2 (with LoRA adapters when the spec asks), its optimizer
@@ -167,15 +188,24 @@ class ActorWorker(DistributedWorker):
         lora = spec.model.lora
         self.lora_scaling = lora.alpha / lora.rank if lora else None
         lora_args = {"rank": lora.rank, "alpha": lora.alpha, "target_modules": lora.target_modules} if lora else None
-        self.model = fsdp.prepare(model, device=self.device, dtype=spec.model.dtype,
-                                  gradient_checkpointing=spec.model.gradient_checkpointing,
-                                  reshard_after_forward=spec.actor.fsdp.reshard_after_forward,
-                                  param_offload=spec.actor.fsdp.param_offload, lora=lora_args)
+        self.model = fsdp.prepare(
+            model,
+            device=self.device,
+            dtype=spec.model.dtype,
+            gradient_checkpointing=spec.model.gradient_checkpointing,
+            reshard_after_forward=spec.actor.fsdp.reshard_after_forward,
+            param_offload=spec.actor.fsdp.param_offload,
+            lora=lora_args,
+        )
         optim = spec.actor.optim
         self.optimizer = fsdp.make_optimizer(self.model, lr=optim.lr, weight_decay=optim.weight_decay)
-        self.scheduler = fsdp.make_scheduler(self.optimizer, warmup_steps=optim.warmup_steps,
-                                             total_steps=total_steps, kind=optim.scheduler,
-                                             min_lr_ratio=optim.min_lr_ratio)
+        self.scheduler = fsdp.make_scheduler(
+            self.optimizer,
+            warmup_steps=optim.warmup_steps,
+            total_steps=total_steps,
+            kind=optim.scheduler,
+            min_lr_ratio=optim.min_lr_ratio,
+        )
 
     # --- rollout ---
 
@@ -189,16 +219,27 @@ class ActorWorker(DistributedWorker):
         spec, r = self.spec, self.spec.rollout
         if r.placement == "separate":
             return None
-        common = {"pad_id": self.tokenizer.pad_token_id, "eos_ids": eos_ids,
-                  "calculate_log_probs": r.calculate_log_probs}
+        common = {
+            "pad_id": self.tokenizer.pad_token_id,
+            "eos_ids": eos_ids,
+            "calculate_log_probs": r.calculate_log_probs,
+        }
         if r.engine == "vllm":
-            return make_rollout("vllm", model_path=spec.model.path, placement="colocated",
-                                tensor_parallel_size=r.tensor_parallel_size,
-                                gpu_memory_utilization=r.gpu_memory_utilization,
-                                max_model_len=spec.data.max_prompt_length + spec.data.max_response_length,
-                                max_num_batched_tokens=r.max_num_batched_tokens, max_num_seqs=r.max_num_seqs,
-                                enforce_eager=r.enforce_eager, dtype=spec.model.dtype, seed=spec.data.seed,
-                                load_format="dummy", **common)
+            return make_rollout(
+                "vllm",
+                model_path=spec.model.path,
+                placement="colocated",
+                tensor_parallel_size=r.tensor_parallel_size,
+                gpu_memory_utilization=r.gpu_memory_utilization,
+                max_model_len=spec.data.max_prompt_length + spec.data.max_response_length,
+                max_num_batched_tokens=r.max_num_batched_tokens,
+                max_num_seqs=r.max_num_seqs,
+                enforce_eager=r.enforce_eager,
+                dtype=spec.model.dtype,
+                seed=spec.data.seed,
+                load_format="dummy",
+                **common,
+            )
         model = load_causal_lm(spec.model.path, fsdp.compute_dtype(spec.model.dtype, self.device.type))
         return make_rollout("hf", model=model, max_batch_size=r.max_num_seqs, device=self.device, **common)
 
@@ -221,8 +262,9 @@ class ActorWorker(DistributedWorker):
         wakes only the weights), which keeps the peak memory down; separate, the ranks feed the broadcaster.
         """
         if self.broadcaster is not None:
-            self.broadcaster.send_fsdp(self.model, dtype=getattr(torch, self.spec.model.dtype),
-                                       lora_scaling=self.lora_scaling)
+            self.broadcaster.send_fsdp(
+                self.model, dtype=getattr(torch, self.spec.model.dtype), lora_scaling=self.lora_scaling
+            )
         elif self.rollout is not None:
             self.rollout.update_weights(fsdp.full_named_parameters(self.model, lora_scaling=self.lora_scaling))
         if self.device.type == "cuda":
@@ -257,8 +299,9 @@ class ActorWorker(DistributedWorker):
         """Old log-probs and entropy of the current policy, ``(B, R)`` each."""
         micro, tokens = self._forward_sizes()
         self.model.eval()
-        return self.forward_only(rows, lambda mb: self._log_probs(self.model, mb, True), micro_batch_size=micro,
-                                 max_tokens=tokens)
+        return self.forward_only(
+            rows, lambda mb: self._log_probs(self.model, mb, True), micro_batch_size=micro, max_tokens=tokens
+        )
 
     def compute_ref_log_probs(self, rows: Rows) -> dict[str, Tensor]:
         micro, tokens = self._forward_sizes()
@@ -268,8 +311,9 @@ class ActorWorker(DistributedWorker):
         else:  # LoRA: the base model is the reference
             self.model.eval()
             with self.model.disable_adapter():
-                out = self.forward_only(rows, lambda mb: self._log_probs(self.model, mb, False),
-                                        micro_batch_size=micro, max_tokens=tokens)
+                out = self.forward_only(
+                    rows, lambda mb: self._log_probs(self.model, mb, False), micro_batch_size=micro, max_tokens=tokens
+                )
         return {"ref_log_probs": out["log_probs"]}
 
     # --- update ---
@@ -299,8 +343,11 @@ class ActorWorker(DistributedWorker):
         self.model.train()
         for _ in range(batch.ppo_epochs):
             for rows, total in zip(mini_batches, totals, strict=True):
-                agg = {"batch_tokens": total["tokens"], "batch_seqs": total["seqs"],
-                       "loss_scale_factor": float(spec.data.max_response_length)}
+                agg = {
+                    "batch_tokens": total["tokens"],
+                    "batch_seqs": total["seqs"],
+                    "loss_scale_factor": float(spec.data.max_response_length),
+                }
                 bins = self.plan(rows, micro, tokens)
                 self.optimizer.zero_grad(set_to_none=True)
                 sums["micro_batches"] = sums.get("micro_batches", 0.0) + len(bins)
@@ -311,17 +358,25 @@ class ActorWorker(DistributedWorker):
                     out = self._log_probs(self.model, mb, algo.entropy_coef > 0)
                     log_probs = out["log_probs"]
                     mask = mb["response_mask"].float()
-                    loss, metrics = policy_loss(log_probs, mb["old_log_probs"], mb["advantages"], mask,
-                                                clip_ratio_low=algo.clip_ratio_low,
-                                                clip_ratio_high=algo.clip_ratio_high,
-                                                clip_ratio_c=algo.clip_ratio_c, agg_mode=algo.loss_agg_mode, **agg)
+                    loss, metrics = policy_loss(
+                        log_probs,
+                        mb["old_log_probs"],
+                        mb["advantages"],
+                        mask,
+                        clip_ratio_low=algo.clip_ratio_low,
+                        clip_ratio_high=algo.clip_ratio_high,
+                        clip_ratio_c=algo.clip_ratio_c,
+                        agg_mode=algo.loss_agg_mode,
+                        **agg,
+                    )
                     pg = loss.detach()
                     if algo.entropy_coef > 0:
                         entropy = agg_loss(out["entropy"], mask, algo.loss_agg_mode, **agg)
                         loss = loss - algo.entropy_coef * entropy
                     if kl_loss.enabled:
-                        kl = agg_loss(kl_penalty(log_probs, mb["ref_log_probs"], kl_loss.type), mask,
-                                      algo.loss_agg_mode, **agg)
+                        kl = agg_loss(
+                            kl_penalty(log_probs, mb["ref_log_probs"], kl_loss.type), mask, algo.loss_agg_mode, **agg
+                        )
                         loss = loss + kl_loss.coef * kl
                         sums["kl_loss"] = sums.get("kl_loss", 0.0) + weight * float(kl.detach())
                     (loss * self.world_size * weight).backward()
@@ -333,8 +388,12 @@ class ActorWorker(DistributedWorker):
                 grad_norms.append(self._optimizer_step(spec.actor.optim.grad_clip))
                 updates += 1
         self.scheduler.step()
-        return {**sums, "updates": float(updates), "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
-                "lr": self.optimizer.param_groups[0]["lr"]}
+        return {
+            **sums,
+            "updates": float(updates),
+            "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
+            "lr": self.optimizer.param_groups[0]["lr"],
+        }
 
     def _optimizer_step(self, grad_clip: float) -> float:
         norm = fsdp.clip_grad_norm(self.model, grad_clip)
@@ -356,7 +415,8 @@ class ActorWorker(DistributedWorker):
             fsdp.base_model(self.model).config.save_pretrained(hf)
             self.tokenizer.save_pretrained(hf)
             (Path(folder) / "lora.json").write_text(
-                "{}" if self.lora_scaling is None else f'{{"scaling": {self.lora_scaling}}}')
+                "{}" if self.lora_scaling is None else f'{{"scaling": {self.lora_scaling}}}'
+            )
 
     def load_checkpoint(self, folder: str) -> None:
         from kuberl.trainer.checkpoint import load_sharded
@@ -366,8 +426,10 @@ class ActorWorker(DistributedWorker):
 
     def full_weights(self) -> dict[str, Tensor]:
         """The policy's full weights under Hugging Face names (LoRA merged); a collective: call on every rank."""
-        return {name: t.detach().cpu().clone()
-                for name, t in fsdp.full_named_parameters(self.model, lora_scaling=self.lora_scaling)}
+        return {
+            name: t.detach().cpu().clone()
+            for name, t in fsdp.full_named_parameters(self.model, lora_scaling=self.lora_scaling)
+        }
 
     def device_stats(self) -> dict[str, float]:
         return device_stats(self.device)
@@ -392,8 +454,9 @@ class ValueModel(nn.Module):
         self.backbone.gradient_checkpointing_enable(**kwargs)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                               use_cache=False).last_hidden_state
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
 
 
@@ -407,15 +470,23 @@ class CriticWorker(DistributedWorker):
         critic = spec.critic
         assert critic is not None, "gae needs spec.critic (validation enforces it)"
         model = ValueModel(load_causal_lm(critic.model_path or spec.model.path, torch.float32))
-        self.model = fsdp.prepare(model, device=self.device, dtype=spec.model.dtype,
-                                  gradient_checkpointing=spec.model.gradient_checkpointing,
-                                  reshard_after_forward=critic.fsdp.reshard_after_forward,
-                                  param_offload=critic.fsdp.param_offload)
+        self.model = fsdp.prepare(
+            model,
+            device=self.device,
+            dtype=spec.model.dtype,
+            gradient_checkpointing=spec.model.gradient_checkpointing,
+            reshard_after_forward=critic.fsdp.reshard_after_forward,
+            param_offload=critic.fsdp.param_offload,
+        )
         optim = critic.optim
         self.optimizer = fsdp.make_optimizer(self.model, lr=optim.lr, weight_decay=optim.weight_decay)
-        self.scheduler = fsdp.make_scheduler(self.optimizer, warmup_steps=optim.warmup_steps,
-                                             total_steps=total_steps, kind=optim.scheduler,
-                                             min_lr_ratio=optim.min_lr_ratio)
+        self.scheduler = fsdp.make_scheduler(
+            self.optimizer,
+            warmup_steps=optim.warmup_steps,
+            total_steps=total_steps,
+            kind=optim.scheduler,
+            min_lr_ratio=optim.min_lr_ratio,
+        )
         return {}
 
     def _values(self, rows: Rows) -> Tensor:
@@ -423,7 +494,7 @@ class CriticWorker(DistributedWorker):
         input_ids, attention_mask, position_ids = model_inputs(rows)
         r = rows["responses"].shape[1]
         values = self.model(input_ids.to(self.device), attention_mask.to(self.device), position_ids.to(self.device))
-        return values[:, -r - 1:-1].float()
+        return values[:, -r - 1 : -1].float()
 
     def _micro(self) -> tuple[int | None, int | None]:
         batch = self.spec.batch
@@ -436,8 +507,9 @@ class CriticWorker(DistributedWorker):
         micro, tokens = self._micro()
         forward_micro = self.spec.batch.log_prob_micro_batch_size_per_gpu or micro
         self.model.eval()
-        return self.forward_only(rows, lambda mb: {"values": self._values(mb)}, micro_batch_size=forward_micro,
-                                 max_tokens=tokens)
+        return self.forward_only(
+            rows, lambda mb: {"values": self._values(mb)}, micro_batch_size=forward_micro, max_tokens=tokens
+        )
 
     def update(self, mini_batches: list[Rows], totals: list[dict[str, float]]) -> dict[str, float]:
         with self.optimizer_offloaded(self.spec.critic.fsdp):
@@ -463,11 +535,17 @@ class CriticWorker(DistributedWorker):
                     weight = 1.0 if idx else 0.0
                     values = self._values(mb)
                     mask = mb["response_mask"].to(values.device).float()
-                    loss, metrics = value_loss(values, mb["values"].to(values.device), mb["returns"].to(values.device),
-                                               mask, cliprange_value=critic.cliprange_value,
-                                               agg_mode=spec.algorithm.loss_agg_mode, batch_tokens=total["tokens"],
-                                               batch_seqs=total["seqs"],
-                                               loss_scale_factor=float(spec.data.max_response_length))
+                    loss, metrics = value_loss(
+                        values,
+                        mb["values"].to(values.device),
+                        mb["returns"].to(values.device),
+                        mask,
+                        cliprange_value=critic.cliprange_value,
+                        agg_mode=spec.algorithm.loss_agg_mode,
+                        batch_tokens=total["tokens"],
+                        batch_seqs=total["seqs"],
+                        loss_scale_factor=float(spec.data.max_response_length),
+                    )
                     (loss * self.world_size * weight).backward()
                     n_tok = float(mask.sum()) * weight
                     sums["vf_loss"] = sums.get("vf_loss", 0.0) + weight * float(loss)
@@ -479,8 +557,12 @@ class CriticWorker(DistributedWorker):
                 self.optimizer.zero_grad(set_to_none=True)
                 grad_norms.append(norm)
         self.scheduler.step()
-        return {**sums, "updates": float(len(grad_norms)), "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
-                "lr": self.optimizer.param_groups[0]["lr"]}
+        return {
+            **sums,
+            "updates": float(len(grad_norms)),
+            "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
+            "lr": self.optimizer.param_groups[0]["lr"],
+        }
 
     def save_checkpoint(self, folder: str) -> None:
         from kuberl.trainer.checkpoint import save_sharded
@@ -504,9 +586,13 @@ class RewardModelWorker:
         rm = spec.reward.model
         assert rm is not None
         device = "cuda" if spec.cluster.device == "cuda" else "cpu"
-        self.scorer = RewardModelScorer(rm.path, micro_batch_size=rm.micro_batch_size_per_gpu,
-                                        dtype=fsdp.compute_dtype(spec.model.dtype, device), max_length=rm.max_length,
-                                        device=device)
+        self.scorer = RewardModelScorer(
+            rm.path,
+            micro_batch_size=rm.micro_batch_size_per_gpu,
+            dtype=fsdp.compute_dtype(spec.model.dtype, device),
+            max_length=rm.max_length,
+            device=device,
+        )
         self.rank = rank
 
     def init_distributed(self, address: str, port: int) -> None:
@@ -551,8 +637,17 @@ def device_stats(device: torch.device) -> dict[str, float]:
 class WorkerGroup:
     """``world_size`` Ray actors of ``cls``, rank ``r`` in bundle ``r`` of ``placement_group``."""
 
-    def __init__(self, cls: type, *, role: str, spec: RLJobSpec, placement_group: Any, world_size: int,
-                 threads: int, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        cls: type,
+        *,
+        role: str,
+        spec: RLJobSpec,
+        placement_group: Any,
+        world_size: int,
+        threads: int,
+        env: dict[str, str] | None = None,
+    ) -> None:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -563,7 +658,8 @@ class WorkerGroup:
         self.role = role
         self.workers = [
             remote.options(
-                num_cpus=share, num_gpus=share if gpu else 0,
+                num_cpus=share,
+                num_gpus=share if gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group, placement_group_bundle_index=r),
                 runtime_env={"env_vars": env or {}},
             ).remote(spec_json, r, world_size, threads)

@@ -37,8 +37,12 @@ class RolloutBatch:
         return int(self.responses.shape[0])
 
     def as_rows(self) -> dict[str, Tensor]:
-        rows = {"prompts": self.prompts, "prompt_mask": self.prompt_mask,
-                "responses": self.responses, "response_mask": self.response_mask}
+        rows = {
+            "prompts": self.prompts,
+            "prompt_mask": self.prompt_mask,
+            "responses": self.responses,
+            "response_mask": self.response_mask,
+        }
         if self.log_probs is not None:
             rows["rollout_log_probs"] = self.log_probs
         return rows
@@ -51,8 +55,8 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, p in enumerate(prompts):
         if p:
-            ids[i, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
-            mask[i, width - len(p):] = 1
+            ids[i, width - len(p) :] = torch.as_tensor(p, dtype=torch.long)
+            mask[i, width - len(p) :] = 1
     return ids, mask
 
 
@@ -67,18 +71,19 @@ class Rollout(ABC):
     """A generation engine holding its own copy of the policy weights."""
 
     @abstractmethod
-    def generate(self, prompts: list[list[int]], n: int, *, temperature: float, top_p: float, top_k: int,
-                 max_new_tokens: int) -> RolloutBatch:
+    def generate(
+        self, prompts: list[list[int]], n: int, *, temperature: float, top_p: float, top_k: int, max_new_tokens: int
+    ) -> RolloutBatch:
         """``n`` samples per prompt; ``temperature`` 0 is greedy, ``top_k`` −1 disables top-k."""
 
     @abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
         """Load full (unsharded) tensors by their Hugging Face names, e.g. streamed from the FSDP shards."""
 
-    def sleep(self) -> None:
+    def sleep(self) -> None:  # noqa: B027 (a no-op default: only GPU backends hold memory to release)
         """Release device memory while training runs (no-op unless the backend holds GPU memory)."""
 
-    def wake(self) -> None:
+    def wake(self) -> None:  # noqa: B027 (a no-op default, like sleep)
         """Reacquire what :meth:`sleep` released."""
 
     @property
@@ -97,7 +102,9 @@ def make_rollout(engine: str, **kwargs: Any) -> Rollout:
         try:
             from kuberl.trainer.rollout.vllm import VLLMRollout  # type: ignore[import-not-found]
         except ImportError as exc:
-            raise RuntimeError("rollout.engine vllm needs the GPU image (pip install 'kuberl[gpu]') and the vllm "
-                               f"backend module; use rollout.engine hf on CPU ({exc})") from exc
+            raise RuntimeError(
+                "rollout.engine vllm needs the GPU image (pip install 'kuberl[gpu]') and the vllm "
+                f"backend module; use rollout.engine hf on CPU ({exc})"
+            ) from exc
         return VLLMRollout(**kwargs)
     raise ValueError(f"unknown rollout engine {engine!r}; known: hf, vllm")

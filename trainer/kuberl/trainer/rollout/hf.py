@@ -17,8 +17,16 @@ from kuberl.trainer.rollout.base import Rollout, RolloutBatch, left_pad, respons
 
 
 class HFRollout(Rollout):
-    def __init__(self, model: PreTrainedModel, *, pad_id: int, eos_ids: list[int], max_batch_size: int = 256,
-                 calculate_log_probs: bool = False, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        pad_id: int,
+        eos_ids: list[int],
+        max_batch_size: int = 256,
+        calculate_log_probs: bool = False,
+        device: str | torch.device = "cpu",
+    ) -> None:
         self.model = model.to(device).eval()
         self.model.requires_grad_(False)
         self.pad_id = pad_id
@@ -27,37 +35,63 @@ class HFRollout(Rollout):
         self.calculate_log_probs = calculate_log_probs
         self.device = torch.device(device)
         # Sampling is set on every call; the model's own generation defaults (repetition penalty, …) must not leak in.
-        self.model.generation_config = GenerationConfig(pad_token_id=pad_id, eos_token_id=self.eos_ids,
-                                                        bos_token_id=model.config.bos_token_id)
+        self.model.generation_config = GenerationConfig(
+            pad_token_id=pad_id, eos_token_id=self.eos_ids, bos_token_id=model.config.bos_token_id
+        )
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], n: int, *, temperature: float, top_p: float = 1.0,
-                 top_k: int = -1, max_new_tokens: int) -> RolloutBatch:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        *,
+        temperature: float,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        max_new_tokens: int,
+    ) -> RolloutBatch:
         if not prompts:
             raise ValueError("generate needs at least one prompt")
         expanded = [p for p in prompts for _ in range(n)]
-        parts = [self._generate_chunk(expanded[i:i + self.max_batch_size], temperature, top_p, top_k, max_new_tokens)
-                 for i in range(0, len(expanded), self.max_batch_size)]
+        parts = [
+            self._generate_chunk(expanded[i : i + self.max_batch_size], temperature, top_p, top_k, max_new_tokens)
+            for i in range(0, len(expanded), self.max_batch_size)
+        ]
         if len(parts) == 1:
             return parts[0]
         from kuberl.trainer.microbatch import concat
 
         rows = concat([p.as_rows() for p in parts], self.pad_id)
-        return RolloutBatch(rows["prompts"], rows["prompt_mask"], rows["responses"], rows["response_mask"],
-                            rows.get("rollout_log_probs"))
+        return RolloutBatch(
+            rows["prompts"],
+            rows["prompt_mask"],
+            rows["responses"],
+            rows["response_mask"],
+            rows.get("rollout_log_probs"),
+        )
 
-    def _generate_chunk(self, prompts: list[list[int]], temperature: float, top_p: float, top_k: int,
-                        max_new_tokens: int) -> RolloutBatch:
+    def _generate_chunk(
+        self, prompts: list[list[int]], temperature: float, top_p: float, top_k: int, max_new_tokens: int
+    ) -> RolloutBatch:
         ids, mask = left_pad(prompts, self.pad_id)
         sample = temperature > 0
         config = GenerationConfig(
-            do_sample=sample, max_new_tokens=max_new_tokens, pad_token_id=self.pad_id, eos_token_id=self.eos_ids,
-            temperature=temperature if sample else None, top_p=top_p if sample else None,
-            top_k=(0 if top_k < 0 else top_k) if sample else None, num_beams=1, repetition_penalty=1.0,
-            output_logits=self.calculate_log_probs, return_dict_in_generate=True)
-        out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                  generation_config=config)
-        sequences = out.sequences[:, ids.shape[1]:].cpu()
+            do_sample=sample,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_ids,
+            temperature=temperature if sample else None,
+            top_p=top_p if sample else None,
+            top_k=(0 if top_k < 0 else top_k) if sample else None,
+            num_beams=1,
+            repetition_penalty=1.0,
+            output_logits=self.calculate_log_probs,
+            return_dict_in_generate=True,
+        )
+        out = self.model.generate(
+            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), generation_config=config
+        )
+        sequences = out.sequences[:, ids.shape[1] :].cpu()
         if sequences.shape[1] == 0:  # max_new_tokens 0 is refused by validation; keep shapes sane anyway
             sequences = torch.full((len(prompts), 1), self.pad_id, dtype=torch.long)
         response_mask = response_mask_from_eos(sequences, self.eos_ids)

@@ -63,7 +63,8 @@ def plan_rollout_layout(spec: RLJobSpec, *, cluster_gpus: float, rollout_pool_la
     raise PlacementError(
         f"cluster.rollout: {engines} engine(s) of rollout.tensorParallelSize {tp} need {rollout_gpus} GPU(s) beside "
         f"the trainer's {trainer_gpus}, and this Ray cluster has {math.floor(cluster_gpus)}; sharing the trainer's "
-        f"GPUs needs tensorParallelSize 1 and at most one engine per trainer GPU")
+        f"GPUs needs tensorParallelSize 1 and at most one engine per trainer GPU"
+    )
 
 
 def rollout_pool_labelled(nodes: list[dict[str, Any]]) -> bool:
@@ -71,15 +72,21 @@ def rollout_pool_labelled(nodes: list[dict[str, Any]]) -> bool:
     return any(n.get("Alive") and (n.get("Labels") or {}).get(POOL_LABEL) == ROLLOUT_POOL for n in nodes)
 
 
-def engine_actor_options(layout: RolloutLayout, index: int, *, trainer_placement_group: Any,
-                         share: float) -> dict[str, Any]:
+def engine_actor_options(
+    layout: RolloutLayout, index: int, *, trainer_placement_group: Any, share: float
+) -> dict[str, Any]:
     """Ray actor options of engine ``index``: a fraction ``share`` of trainer bundle ``index`` when shared, whole
     GPUs otherwise (on the rollout pool when there is one)."""
     if layout.kind == "shared":
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        return {"num_cpus": share, "num_gpus": share, "scheduling_strategy": PlacementGroupSchedulingStrategy(
-            trainer_placement_group, placement_group_bundle_index=index)}
+        return {
+            "num_cpus": share,
+            "num_gpus": share,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                trainer_placement_group, placement_group_bundle_index=index
+            ),
+        }
     options: dict[str, Any] = {"num_cpus": 1, "num_gpus": layout.gpus_per_engine}
     if layout.engine_label_selector:
         options["label_selector"] = layout.engine_label_selector

@@ -22,6 +22,7 @@ temperature, so ``training/rollout_probs_diff_*`` compares like with like when t
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -94,13 +95,29 @@ class VLLMRollout(Rollout):
     the checkpoint when the first :meth:`update_weights` supplies the weights anyway (the colocated actor holds
     them)."""
 
-    def __init__(self, model_path: str, *, pad_id: int, eos_ids: Sequence[int], placement: str = "colocated",
-                 tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
-                 max_model_len: int | None = None, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256,
-                 enforce_eager: bool = False, calculate_log_probs: bool = False, dtype: str = "bfloat16",
-                 seed: int = 0, load_format: str = "auto", bucket_mb: int = DEFAULT_BUCKET_MB,
-                 sleep_level: int = 2, skip_tokenizer_init: bool = False, weight_transfer: str = "nccl",
-                 **engine_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        pad_id: int,
+        eos_ids: Sequence[int],
+        placement: str = "colocated",
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.5,
+        max_model_len: int | None = None,
+        max_num_batched_tokens: int = 8192,
+        max_num_seqs: int = 256,
+        enforce_eager: bool = False,
+        calculate_log_probs: bool = False,
+        dtype: str = "bfloat16",
+        seed: int = 0,
+        load_format: str = "auto",
+        bucket_mb: int = DEFAULT_BUCKET_MB,
+        sleep_level: int = 2,
+        skip_tokenizer_init: bool = False,
+        weight_transfer: str = "nccl",
+        **engine_kwargs: Any,
+    ) -> None:
         if placement not in PLACEMENTS:
             raise ValueError(f"rollout.placement {placement!r} is not one of {PLACEMENTS}")
         if weight_transfer not in TRANSPORTS:
@@ -125,11 +142,20 @@ class VLLMRollout(Rollout):
         self.folder = model_folder(model_path)
 
         kwargs: dict[str, Any] = dict(
-            model=self.folder, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs, enforce_eager=enforce_eager,
-            load_format=load_format, logprobs_mode=LOGPROBS_MODE, skip_tokenizer_init=skip_tokenizer_init,
-            seed=seed, enable_prefix_caching=True)
+            model=self.folder,
+            dtype=dtype,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            enforce_eager=enforce_eager,
+            load_format=load_format,
+            logprobs_mode=LOGPROBS_MODE,
+            skip_tokenizer_init=skip_tokenizer_init,
+            seed=seed,
+            enable_prefix_caching=True,
+        )
         if placement == "colocated":
             kwargs["enable_sleep_mode"] = True
             if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -155,21 +181,37 @@ class VLLMRollout(Rollout):
 
     # --- generation -------------------------------------------------------------------------------------------
 
-    def sampling_params(self, n: int, *, temperature: float, top_p: float, top_k: int, max_new_tokens: int,
-                        logprobs: bool | None = None) -> Any:
+    def sampling_params(
+        self, n: int, *, temperature: float, top_p: float, top_k: int, max_new_tokens: int, logprobs: bool | None = None
+    ) -> Any:
         from vllm import SamplingParams
 
         greedy = temperature == 0
         want_logprobs = self.calculate_log_probs if logprobs is None else logprobs
         return SamplingParams(
-            n=1 if greedy else n, temperature=temperature, top_p=1.0 if greedy else top_p,
-            top_k=0 if greedy or top_k < 0 else top_k, max_tokens=max_new_tokens,
-            logprobs=0 if want_logprobs else None, stop_token_ids=self.eos_ids, detokenize=False,
-            skip_special_tokens=False, repetition_penalty=1.0)
+            n=1 if greedy else n,
+            temperature=temperature,
+            top_p=1.0 if greedy else top_p,
+            top_k=0 if greedy or top_k < 0 else top_k,
+            max_tokens=max_new_tokens,
+            logprobs=0 if want_logprobs else None,
+            stop_token_ids=self.eos_ids,
+            detokenize=False,
+            skip_special_tokens=False,
+            repetition_penalty=1.0,
+        )
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], n: int, *, temperature: float, top_p: float = 1.0,
-                 top_k: int = -1, max_new_tokens: int) -> RolloutBatch:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        *,
+        temperature: float,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        max_new_tokens: int,
+    ) -> RolloutBatch:
         """``n`` samples per prompt; greedy (``temperature`` 0) repeats each prompt ``n`` times (vLLM refuses
         ``n > 1`` for greedy sampling)."""
         from vllm import TokensPrompt
@@ -177,11 +219,14 @@ class VLLMRollout(Rollout):
         if not prompts:
             raise ValueError("generate needs at least one prompt")
         if self._weights_stale:
-            raise RuntimeError("the vLLM engine holds no weights (level-2 sleep or load_format dummy); call "
-                               "update_weights with the actor's weights before generate")
+            raise RuntimeError(
+                "the vLLM engine holds no weights (level-2 sleep or load_format dummy); call "
+                "update_weights with the actor's weights before generate"
+            )
         self.wake()
-        params = self.sampling_params(n, temperature=temperature, top_p=top_p, top_k=top_k,
-                                      max_new_tokens=max_new_tokens)
+        params = self.sampling_params(
+            n, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens
+        )
         copies = n if params.n == 1 else 1
         requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts for _ in range(copies)]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
@@ -198,12 +243,13 @@ class VLLMRollout(Rollout):
         log_probs = torch.zeros((len(samples), width), dtype=torch.float32) if self.calculate_log_probs else None
         for i, sample in enumerate(samples):
             tokens = list(sample.token_ids)
-            responses[i, :len(tokens)] = torch.as_tensor(tokens, dtype=torch.long)
+            responses[i, : len(tokens)] = torch.as_tensor(tokens, dtype=torch.long)
             if log_probs is not None:
                 if sample.logprobs is None:
                     raise RuntimeError("vLLM returned no log-probs although logprobs=0 was requested")
-                log_probs[i, :len(tokens)] = torch.as_tensor(
-                    [sample.logprobs[pos][tok].logprob for pos, tok in enumerate(tokens)], dtype=torch.float32)
+                log_probs[i, : len(tokens)] = torch.as_tensor(
+                    [sample.logprobs[pos][tok].logprob for pos, tok in enumerate(tokens)], dtype=torch.float32
+                )
         lengths = torch.as_tensor([len(s.token_ids) for s in samples])
         generated = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
         response_mask = response_mask_from_eos(responses, self.eos_ids) * generated
@@ -226,8 +272,10 @@ class VLLMRollout(Rollout):
         ``fsdp.full_named_parameters``) keeps at most one bucket of full tensors alive.
         """
         if self.placement != "colocated":
-            raise RuntimeError("a separate vLLM engine receives weights from the trainer "
-                               "(weight_sync.WeightBroadcaster), not update_weights")
+            raise RuntimeError(
+                "a separate vLLM engine receives weights from the trainer "
+                "(weight_sync.WeightBroadcaster), not update_weights"
+            )
         self._wake({"weights"})
         named = rollout_named_tensors(named_tensors, tied=self.tied, dtype=self.dtype, device=self.device)
         for bucket in bucketed(named, self.bucket_bytes):
@@ -294,10 +342,8 @@ class VLLMRollout(Rollout):
             return
         engine = getattr(llm, "llm_engine", None)
         if engine is not None and hasattr(engine, "engine_core"):
-            try:
+            with contextlib.suppress(Exception):
                 engine.engine_core.shutdown()
-            except Exception:  # noqa: BLE001 - best effort on teardown
-                pass
         self.llm = None
         del llm, engine
         gc.collect()
@@ -345,36 +391,57 @@ class VLLMEngineGroup(Rollout):
         self.pad_id = pad_id
 
     @classmethod
-    def spawn(cls, actor_options: Sequence[dict[str, Any]], model_path: str, *, pad_id: int, seed: int = 0,
-              **kwargs: Any) -> VLLMEngineGroup:
+    def spawn(
+        cls, actor_options: Sequence[dict[str, Any]], model_path: str, *, pad_id: int, seed: int = 0, **kwargs: Any
+    ) -> VLLMEngineGroup:
         """One engine actor per entry of ``actor_options`` (Ray options: GPUs, placement); engine ``i`` samples
         with seed ``seed + i``. Waits until every engine is up."""
         import ray
 
         remote = ray.remote(VLLMEngineActor)
-        engines = [remote.options(**options).remote(model_path, pad_id=pad_id, seed=seed + i, **kwargs)
-                   for i, options in enumerate(actor_options)]
+        engines = [
+            remote.options(**options).remote(model_path, pad_id=pad_id, seed=seed + i, **kwargs)
+            for i, options in enumerate(actor_options)
+        ]
         ray.get([e.gpu_memory_in_use_gib.remote() for e in engines])
         return cls(engines, pad_id=pad_id)
 
-    def generate(self, prompts: list[list[int]], n: int, *, temperature: float, top_p: float = 1.0,
-                 top_k: int = -1, max_new_tokens: int) -> RolloutBatch:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        *,
+        temperature: float,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        max_new_tokens: int,
+    ) -> RolloutBatch:
         import ray
 
         from kuberl.trainer.microbatch import concat
 
         share = math.ceil(len(prompts) / len(self.engines))
         sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "max_new_tokens": max_new_tokens}
-        parts = [e.generate.remote(prompts[i * share:(i + 1) * share], n, sampling)
-                 for i, e in enumerate(self.engines) if prompts[i * share:(i + 1) * share]]
+        parts = [
+            e.generate.remote(prompts[i * share : (i + 1) * share], n, sampling)
+            for i, e in enumerate(self.engines)
+            if prompts[i * share : (i + 1) * share]
+        ]
         rows = ray.get(parts)
         merged = rows[0] if len(rows) == 1 else concat(rows, self.pad_id)
-        return RolloutBatch(merged["prompts"], merged["prompt_mask"], merged["responses"], merged["response_mask"],
-                            merged.get("rollout_log_probs"))
+        return RolloutBatch(
+            merged["prompts"],
+            merged["prompt_mask"],
+            merged["responses"],
+            merged["response_mask"],
+            merged.get("rollout_log_probs"),
+        )
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
-        raise RuntimeError("separate vLLM engines receive weights from the trainer ranks "
-                           "(weight_sync.WeightBroadcaster.send_fsdp on every trainer rank)")
+        raise RuntimeError(
+            "separate vLLM engines receive weights from the trainer ranks "
+            "(weight_sync.WeightBroadcaster.send_fsdp on every trainer rank)"
+        )
 
     def kill(self) -> None:
         import ray
