@@ -196,7 +196,8 @@ def test_separate_placement_adds_a_rollout_group_from_cluster_rollout() -> None:
     rollout = groups[1]
     assert rollout["replicas"] == spec.cluster.rollout.nodes
     assert rollout["template"]["spec"]["nodeSelector"] == {"pool": "h200-rollout"}
-    assert env_of(containers(rollout)[0])["KUBERL_POOL"] == "rollout"
+    assert rollout["labels"] == {"kuberl.io/pool": "rollout"}
+    assert rollout["template"]["metadata"]["labels"]["kuberl.io/pool"] == "rollout"
 
 
 def test_colocated_placement_has_only_the_trainer_group() -> None:

@@ -9,9 +9,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from kuberl.api.contract import API_VERSION
 from kuberl.api.crd import field_default
 from kuberl.api.rules import RULES
-from kuberl.api.spec import API_VERSION, RLJobSpec
+from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import RLJobStatus
 
 # verl key → RLJob field. Where verl's name or a popular blog's name misleads, the note says how.

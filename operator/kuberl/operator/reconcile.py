@@ -23,12 +23,21 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from kuberl.api.spec import GROUP, PLURAL, VERSION, RLJobSpec
+from kuberl.api.contract import (
+    GROUP,
+    PLURAL,
+    RAY_GROUP,
+    RAY_VERSION,
+    RAYJOB_PLURAL,
+    SPEC_HASH_ANNOTATION,
+    VERSION,
+    timestamp,
+)
+from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import TERMINAL_PHASES
 from kuberl.api.validation import validate_document
 from kuberl.operator import metrics
 from kuberl.operator.rayjob import (
-    SPEC_HASH_ANNOTATION,
     RenderError,
     configmap_name,
     rayjob_update_ops,
@@ -39,14 +48,12 @@ from kuberl.operator.status import (
     Event,
     invalid_status,
     next_status,
-    now_rfc3339,
     set_condition,
     sort_conditions,
     status_patch,
     valid_condition,
 )
 
-RAY_GROUP, RAY_VERSION, RAY_PLURAL = "ray.io", "v1", "rayjobs"
 STATUS_WRITE_ATTEMPTS = 8
 TRANSIENT_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
@@ -87,16 +94,18 @@ class Api:
     # RayJobs
     def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         return _none_on_404(
-            lambda: _obj(self.custom.get_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name))
+            lambda: _obj(
+                self.custom.get_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name)
+            )
         )
 
     def create_rayjob(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        return _obj(self.custom.create_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, body))
+        return _obj(self.custom.create_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, body))
 
     def json_patch_rayjob(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
         return _obj(
             self.custom.patch_namespaced_custom_object(
-                RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name, ops, _content_type="application/json-patch+json"
+                RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name, ops, _content_type="application/json-patch+json"
             )
         )
 
@@ -315,7 +324,7 @@ def mark_invalid_update(api: Api, body: kopf.Body | dict[str, Any], messages: li
             False,
             "InvalidSpec",
             f"not applied to the running job: {message}",
-            now_rfc3339(),
+            timestamp(),
             meta.get("generation"),
         )
         new["conditions"] = sort_conditions(conditions)
