@@ -14,9 +14,8 @@ Everything here reads the current state from the apiserver and writes what the p
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, NoReturn, TypeVar, cast
 
 import kopf
 from kubernetes import client
@@ -74,15 +73,6 @@ class Api:
         return _none_on_404(
             lambda: _obj(self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
         )
-
-    def list_rljobs(self, namespace: str | None) -> list[dict[str, Any]]:
-        """The RLJobs of one namespace, or of the whole cluster (None)."""
-        if namespace is None:
-            listing = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
-        else:
-            listing = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
-        items: list[dict[str, Any]] = _obj(listing)["items"]
-        return items
 
     def patch_rljob_status(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
         return _obj(
@@ -243,7 +233,7 @@ def write_status(
     the first attempt instead of reading them (a caller that just read or wrote them); a conflict re-reads both.
     Returns the patched RLJob (None when it is gone or being deleted).
     """
-    for attempt in range(STATUS_WRITE_ATTEMPTS):
+    for attempt in range(STATUS_WRITE_ATTEMPTS):  # a conflict re-reads and recomputes at once; kopf retries after
         if attempt or rljob is None:
             rljob = api.get_rljob(namespace, name)
         if rljob is None or rljob["metadata"].get("deletionTimestamp"):
@@ -264,7 +254,6 @@ def write_status(
             patched = api.patch_rljob_status(namespace, name, body)
         except ApiException as exc:
             if exc.status == 409:
-                time.sleep(min(0.05 * 2**attempt, 1.0))
                 continue
             if exc.status == 404:
                 return None
@@ -297,7 +286,7 @@ def sync_status(
     return write_status(api, namespace, name, compute, uid=uid, rljob=rljob, rayjob=rayjob)
 
 
-def refuse(api: Api, body: kopf.Body | dict[str, Any], messages: list[str], reason: str = "InvalidSpec") -> None:
+def refuse(api: Api, body: kopf.Body | dict[str, Any], messages: list[str], reason: str = "InvalidSpec") -> NoReturn:
     """Mark the RLJob Failed with Valid=False and stop handling it (kopf.PermanentError)."""
     meta = body["metadata"]
     generation = meta.get("generation")
@@ -309,7 +298,7 @@ def refuse(api: Api, body: kopf.Body | dict[str, Any], messages: list[str], reas
     raise kopf.PermanentError("; ".join(messages))
 
 
-def mark_invalid_update(api: Api, body: kopf.Body | dict[str, Any], messages: list[str]) -> None:
+def mark_invalid_update(api: Api, body: kopf.Body | dict[str, Any], messages: list[str]) -> NoReturn:
     """A live job whose spec (an update, or the stored one after an operator upgrade) fails validation:
     Valid=False and a Warning Event; the job keeps running with what it has."""
     meta = body["metadata"]
@@ -356,6 +345,31 @@ def _plain(value: Any) -> Any:
     return value
 
 
+Refusal = Callable[[Api, "kopf.Body | dict[str, Any]", list[str]], NoReturn]
+
+
+def desired_children(
+    api: Api, body: kopf.Body | dict[str, Any], invalid: Refusal, unrenderable: Refusal
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Validate the RLJob, render its ConfigMap and RayJob, and make them its children; (configmap, rayjob).
+
+    A spec that fails the rules goes to `invalid`, one the renderer cannot turn into a RayJob to `unrenderable`
+    (`refuse` or `mark_invalid_update`: neither returns).
+    """
+    meta = body["metadata"]
+    issues = spec_issues(body)
+    if issues:
+        invalid(api, body, issues)
+    spec = RLJobSpec.model_validate(_plain(body["spec"]))
+    try:
+        configmap = render_configmap(meta["name"], meta["namespace"], meta["uid"], spec)
+        rayjob = render_rayjob(meta["name"], meta["namespace"], meta["uid"], spec)
+    except RenderError as exc:
+        unrenderable(api, body, [str(exc)])
+    kopf.adopt([configmap, rayjob], owner=_plain(body))  # also copies the RLJob's labels (e.g. a Kueue queue label)
+    return configmap, rayjob
+
+
 def ensure(api: Api, body: kopf.Body | dict[str, Any], logger: kopf.Logger = log) -> None:
     """Create-or-adopt the ConfigMap and the RayJob of a valid RLJob and write its status (create/resume)."""
     meta = body["metadata"]
@@ -364,21 +378,10 @@ def ensure(api: Api, body: kopf.Body | dict[str, Any], logger: kopf.Logger = log
     if phase in TERMINAL_PHASES:
         logger.debug("RLJob is %s; nothing to do", phase)
         return
-    issues = spec_issues(body)
-    if issues and (body.get("status") or {}).get("rayJobName"):
-        # already running (e.g. admitted under an older rule set, seen again after an operator upgrade):
-        # flag it, keep following its RayJob, do not fail a live job
-        mark_invalid_update(api, body, issues)
-    if issues:
-        refuse(api, body, issues)
-    spec = RLJobSpec.model_validate(_plain(body["spec"]))
-    try:
-        configmap = render_configmap(name, namespace, uid, spec)
-        rayjob = render_rayjob(name, namespace, uid, spec)
-    except RenderError as exc:
-        refuse(api, body, [str(exc)])
-    owner = _plain(body)
-    kopf.adopt([configmap, rayjob], owner=owner)  # also copies the RLJob's labels (e.g. a Kueue queue label)
+    # already running (e.g. admitted under an older rule set, seen again after an operator upgrade):
+    # flag it, keep following its RayJob, do not fail a live job
+    live = bool((body.get("status") or {}).get("rayJobName"))
+    configmap, rayjob = desired_children(api, body, mark_invalid_update if live else refuse, refuse)
     try:
         ensure_configmap(api, configmap, uid)
         existing, created = ensure_rayjob(api, rayjob, uid)
@@ -419,16 +422,7 @@ def apply_update(
     if phase in TERMINAL_PHASES:
         logger.info("RLJob is %s; the spec change is not applied", phase)
         return
-    issues = spec_issues(body)
-    if issues:
-        mark_invalid_update(api, body, issues)
-    spec = RLJobSpec.model_validate(_plain(body["spec"]))
-    try:
-        configmap = render_configmap(name, namespace, uid, spec)
-        desired = render_rayjob(name, namespace, uid, spec)
-    except RenderError as exc:
-        mark_invalid_update(api, body, [str(exc)])
-    kopf.adopt([configmap, desired], owner=_plain(body))
+    configmap, desired = desired_children(api, body, mark_invalid_update, mark_invalid_update)
     suspend_changed = suspend_of(old_spec) != suspend_of(new_spec)
     try:
         ensure_configmap(api, configmap, uid)
@@ -457,9 +451,10 @@ def apply_update(
 
 
 def on_rayjob(api: Api, rayjob: dict[str, Any], *, deleted: bool = False) -> None:
-    """A watched RayJob changed: recompute its owner's status (retrying transient errors a few times).
+    """A watched RayJob changed: recompute its owner's status.
 
     The RayJob from the watch event is used as is for the first attempt (deleted: None); the RLJob is read.
+    kopf does not retry event handlers: a write that fails here is redone by the owner's `resync` timer.
     """
     meta = rayjob.get("metadata") or {}
     owner = next(
@@ -467,33 +462,26 @@ def on_rayjob(api: Api, rayjob: dict[str, Any], *, deleted: bool = False) -> Non
     )
     if owner is None:
         return
-    namespace, name, uid = meta["namespace"], owner["name"], owner["uid"]
-    for attempt in range(5):
-        try:
-            sync_status(api, namespace, name, uid=uid, rayjob=None if deleted else rayjob)
-            return
-        except (ApiException, HTTPError, kopf.TemporaryError) as exc:
-            if attempt == 4 or (isinstance(exc, ApiException) and not transient(exc)):
-                raise
-            time.sleep(0.5 * 2**attempt)
+    sync_status(api, meta["namespace"], owner["name"], uid=owner["uid"], rayjob=None if deleted else rayjob)
 
 
-def resync_all(api: Api, namespaces: list[str] | None) -> int:
-    """Recompute every RLJob's status from its RayJob (a safety net for missed watch events); returns writes."""
-    writes = 0
-    scopes: list[str | None] = list(namespaces) if namespaces else [None]
-    for ns in scopes:
-        for rljob in api.list_rljobs(ns):
-            meta = rljob["metadata"]
-            if (rljob.get("status") or {}).get("phase") in TERMINAL_PHASES or meta.get("deletionTimestamp"):
-                continue
-            if not (rljob.get("status") or {}).get("rayJobName"):
-                continue  # the create handler has not finished; it writes the status itself
-            before = meta["resourceVersion"]
-            after = sync_status(api, meta["namespace"], meta["name"], uid=meta["uid"])
-            if after is not None and after["metadata"]["resourceVersion"] != before:
-                writes += 1
-    return writes
+def resync(api: Api, rljob: dict[str, Any]) -> bool:
+    """Recompute one RLJob's status from its RayJob (a net for a missed or failed watch event); True if it changed.
+
+    A transient API error becomes `kopf.TemporaryError`, so that kopf runs the timer again soon.
+    """
+    meta, status = rljob["metadata"], rljob.get("status") or {}
+    if status.get("phase") in TERMINAL_PHASES or meta.get("deletionTimestamp"):
+        return False
+    if not status.get("rayJobName"):
+        return False  # the create handler has not finished; it writes the status itself
+    try:
+        after = sync_status(api, meta["namespace"], meta["name"], uid=meta["uid"])
+    except (ApiException, HTTPError) as exc:
+        if transient(exc):
+            raise kopf.TemporaryError(f"API error while resyncing the status: {api_error_text(exc)}", delay=5) from exc
+        raise
+    return after is not None and after["metadata"]["resourceVersion"] != meta["resourceVersion"]
 
 
 __all__ = [
@@ -505,7 +493,7 @@ __all__ = [
     "ensure_rayjob",
     "on_rayjob",
     "refuse",
-    "resync_all",
+    "resync",
     "sync_status",
     "write_status",
 ]

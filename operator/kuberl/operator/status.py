@@ -5,7 +5,7 @@ read from the apiserver (or None when there is none yet) in, the new status and 
 their `lastTransitionTime` unless their `status` changes (metav1 convention); `startTime` is set once, when the
 job first runs; `completionTime` when it reaches a terminal phase; `restarts` never decreases.
 
-KubeRay's states (reference/k8s-anchors.md §1.3) map to phases as follows:
+KubeRay's states (`ray-operator/apis/ray/v1/rayjob_types.go`: `JobDeploymentStatus`, `JobStatus`) map to phases:
 
 | RayJob jobDeploymentStatus              | jobStatus                 | RLJob phase                              |
 |-----------------------------------------|---------------------------|------------------------------------------|
