@@ -1,4 +1,4 @@
-"""The single controller: one driver runs the RL loop and drives SPMD worker groups on Ray (design §5).
+"""The single controller: one driver runs the RL loop and drives SPMD worker groups on Ray.
 
 ``kuberl run rljob.yaml`` starts an embedded local Ray (or joins ``--address``); on Kubernetes the RayJob runs
 ``python -m kuberl.trainer.run --spec-file /etc/kuberl/spec.json --name NAME --namespace NS`` and joins the
