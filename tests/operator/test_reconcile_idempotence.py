@@ -64,6 +64,10 @@ class FakeApi:
         obj["metadata"]["resourceVersion"] = str(next(self.rv))
         return copy.deepcopy(obj)
 
+    def list_rljobs(self, namespace: str | None):
+        self.calls.append("list rljobs")
+        return [copy.deepcopy(obj) for (kind, _), obj in self.objects.items() if kind == "rljob"]
+
     def get_rayjob(self, namespace: str, name: str):
         self.calls.append("get rayjob")
         return self._get("rayjob", name)
@@ -199,16 +203,16 @@ def test_resync_leaves_finished_and_not_yet_created_rljobs_alone() -> None:
     assert api.calls == []
 
 
-def test_resync_hands_a_transient_api_error_to_kopf_to_retry() -> None:
+def test_resync_all_corrects_every_live_rljob_and_counts_the_writes() -> None:
     api = FakeApi()
-    reconcile.ensure(api, rljob(api))
-
-    def unavailable(namespace: str, name: str) -> None:
-        raise api_error(503)
-
-    api.get_rljob = unavailable  # type: ignore[method-assign]
-    with pytest.raises(kopf.TemporaryError):
-        reconcile.resync(api, copy.deepcopy(api.objects[("rljob", "job")]))
+    for name in ("a", "b", "c"):
+        reconcile.ensure(api, rljob(api, name))
+    reconcile.resync_all(api, [NS])
+    for name in ("a", "b"):
+        api.objects[("rayjob", name)]["status"] = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}
+    assert reconcile.resync_all(api, [NS]) == 2
+    assert [api.objects[("rljob", n)]["status"]["phase"] for n in "abc"] == ["Running", "Running", "Pending"]
+    assert reconcile.resync_all(api, [NS]) == 0
 
 
 def test_an_unrenderable_update_of_a_live_job_is_flagged_not_failed() -> None:

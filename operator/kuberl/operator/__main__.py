@@ -61,9 +61,8 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
-    from kuberl.operator import handlers  # importing registers the handlers
+    import kuberl.operator.handlers  # noqa: F401 (registers the handlers)
 
-    handlers.register_resync(cfg.resync_seconds)
     if cfg.metrics_port:
         metrics.serve(cfg.metrics_port)
     liveness = f"http://0.0.0.0:{cfg.health_port}/healthz" if cfg.health_port else None

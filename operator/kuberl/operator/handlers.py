@@ -4,7 +4,6 @@ RLJob create/resume → validate, create-or-adopt the ConfigMap and the RayJob, 
 RLJob spec update   → propagate runPolicy.suspend (and the template while no Ray cluster exists).
 RayJob event        → recompute the owning RLJob's status (phase, conditions, Events).
 RLJob event         → the `kuberl_operator_rljobs{phase}` gauge.
-RLJob timer         → recompute a live RLJob's status now and then (`register_resync`, --resync-seconds).
 No delete handler: the children carry controller owner references, the garbage collector removes them;
 hence no finalizer, and deleting an RLJob never waits for the operator.
 """
@@ -12,13 +11,13 @@ hence no finalizer, and deleting an RLJob never waits for the operator.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import kopf
 from kubernetes import client, config
 
 from kuberl.api.contract import GROUP, PLURAL, RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, RLJOB_LABEL, VERSION
-from kuberl.api.status import TERMINAL_PHASES
 from kuberl.operator import metrics, reconcile
 from kuberl.operator.settings import OperatorConfig, configure
 
@@ -46,27 +45,34 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     cfg = _config(memo)
     configure(settings, max_workers=cfg.max_workers)
     memo.api = reconcile.Api(kube_client(cfg.max_workers))
+    memo.stop = threading.Event()
+    if cfg.resync_seconds > 0:
+        namespaces = None if cfg.all_namespaces else list(cfg.namespaces)
+        thread = threading.Thread(
+            target=_resync_loop,
+            args=(memo.api, namespaces, cfg.resync_seconds, memo.stop),
+            name="kuberl-resync",
+            daemon=True,
+        )
+        thread.start()
 
 
-def rljob_resync(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    """Recompute a live RLJob's status from its RayJob: a net for a missed or failed RayJob watch event."""
-    with metrics.reconciling("resync"):
-        if reconcile.resync(memo.api, dict(body)):
-            logger.info("resync corrected the status")
+@kopf.on.cleanup()
+def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    if memo.get("stop") is not None:
+        memo.stop.set()
 
 
-def _live(status: kopf.Status, **_: Any) -> bool:
-    return status.get("phase") not in TERMINAL_PHASES
-
-
-def register_resync(every: float) -> None:
-    """Run `rljob_resync` on every live RLJob each `every` seconds (a kopf timer; 0 registers none).
-
-    Registered from the command line's --resync-seconds, before `kopf.run`; the first run is one interval after
-    the RLJob is seen (the resume handler has just synced it).
-    """
-    if every > 0:
-        kopf.timer(GROUP, VERSION, PLURAL, interval=every, initial_delay=every, when=_live)(rljob_resync)
+def _resync_loop(api: reconcile.Api, namespaces: list[str] | None, every: float, stop: threading.Event) -> None:
+    """Recompute every live RLJob's status from its RayJob now and then: a net for a missed watch event."""
+    while not stop.wait(every):
+        try:
+            with metrics.reconciling("resync"):
+                writes = reconcile.resync_all(api, namespaces)
+            if writes:
+                log.info("resync corrected %d RLJob statuses", writes)
+        except Exception:  # keep the loop alive; the error is counted and logged
+            log.exception("resync failed")
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)

@@ -81,6 +81,15 @@ class Api:
             )
         )
 
+    def list_rljobs(self, namespace: str | None) -> list[dict[str, Any]]:
+        """The RLJobs of one namespace, or of the whole cluster (None)."""
+        if namespace is None:
+            listing = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        else:
+            listing = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+        items: list[dict[str, Any]] = _obj(listing)["items"]
+        return items
+
     # RayJobs
     def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         return _none_on_404(
@@ -454,7 +463,7 @@ def on_rayjob(api: Api, rayjob: dict[str, Any], *, deleted: bool = False) -> Non
     """A watched RayJob changed: recompute its owner's status.
 
     The RayJob from the watch event is used as is for the first attempt (deleted: None); the RLJob is read.
-    kopf does not retry event handlers: a write that fails here is redone by the owner's `resync` timer.
+    kopf does not retry event handlers: a write that fails here is redone by the next resync (`resync_all`).
     """
     meta = rayjob.get("metadata") or {}
     owner = next(
@@ -466,22 +475,24 @@ def on_rayjob(api: Api, rayjob: dict[str, Any], *, deleted: bool = False) -> Non
 
 
 def resync(api: Api, rljob: dict[str, Any]) -> bool:
-    """Recompute one RLJob's status from its RayJob (a net for a missed or failed watch event); True if it changed.
-
-    A transient API error becomes `kopf.TemporaryError`, so that kopf runs the timer again soon.
-    """
+    """Recompute one RLJob's status from its RayJob (a net for a missed or failed watch event); True if it changed."""
     meta, status = rljob["metadata"], rljob.get("status") or {}
     if status.get("phase") in TERMINAL_PHASES or meta.get("deletionTimestamp"):
         return False
     if not status.get("rayJobName"):
         return False  # the create handler has not finished; it writes the status itself
-    try:
-        after = sync_status(api, meta["namespace"], meta["name"], uid=meta["uid"])
-    except (ApiException, HTTPError) as exc:
-        if transient(exc):
-            raise kopf.TemporaryError(f"API error while resyncing the status: {api_error_text(exc)}", delay=5) from exc
-        raise
+    after = sync_status(api, meta["namespace"], meta["name"], uid=meta["uid"])
     return after is not None and after["metadata"]["resourceVersion"] != meta["resourceVersion"]
+
+
+def resync_all(api: Api, namespaces: list[str] | None) -> int:
+    """`resync` every RLJob of `namespaces` (None: the cluster's); returns how many statuses it corrected.
+
+    Run by the operator's resync thread, not a kopf timer: kopf puts a finalizer on every object a timer serves,
+    and deleting an RLJob must never wait for the operator.
+    """
+    scopes: list[str | None] = list(namespaces) if namespaces else [None]
+    return sum(resync(api, rljob) for ns in scopes for rljob in api.list_rljobs(ns))
 
 
 __all__ = [
@@ -494,6 +505,7 @@ __all__ = [
     "on_rayjob",
     "refuse",
     "resync",
+    "resync_all",
     "sync_status",
     "write_status",
 ]
