@@ -4,7 +4,7 @@
   added to every object that declares properties and does not preserve unknown fields. The apiserver would prune
   an unknown field silently; here it is an error, so that a typo in the renderer cannot hide.
 - `kuberay_checks(rayjob)`: KubeRay's `ValidateRayJobMetadata` / `ValidateRayJobSpec` / `ValidateRayClusterSpec`
-  (ray-operator/controllers/ray/utils/validation.go; reference/k8s-anchors.md §1.4), which turn a RayJob into
+  (ray-operator/controllers/ray/utils/validation.go), which turn a RayJob into
   `ValidationFailed` after the apiserver accepted it.
 """
 

@@ -3,7 +3,7 @@
 No controller loop: a test drives the states explicitly (`sim.running(ns, name)`), which keeps every
 transition deterministic. `follow_suspend` plays KubeRay's reaction to `spec.suspend` (delete the cluster →
 Suspending → Suspended; resume → a new cluster, Initializing). State names and fields follow KubeRay's
-`rayjob_types.go` (reference/k8s-anchors.md §1.3).
+`ray-operator/apis/ray/v1/rayjob_types.go`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kuberl.api.spec import GROUP, VERSION
+from kuberl.api.contract import GROUP, VERSION
 
 
 def rljob(name: str, **spec_changes: Any) -> dict[str, Any]:

@@ -399,6 +399,26 @@ def test_status_written_while_the_operator_was_down_is_caught_up(
     k.wait_phase("catchup", "Running")
 
 
+def test_a_status_changed_behind_the_operators_back_is_corrected_by_the_resync(
+    operator: OperatorProcess, k: Kube, sim: KubeRaySim
+) -> None:
+    k.create_rljob(rljob("drift"))
+    sim.wait_for(k.ns, "drift")
+    sim.running(k.ns, "drift")
+    k.wait_phase("drift", "Running")
+    k.custom.patch_namespaced_custom_object_status(  # no RayJob event follows this: only the resync sees it
+        GROUP,
+        VERSION,
+        k.ns,
+        PLURAL,
+        "drift",
+        {"status": {"phase": "Pending"}},
+        _content_type="application/merge-patch+json",
+    )
+    assert k.phase("drift") == "Pending"
+    k.wait_phase("drift", "Running", timeout=20)  # --resync-seconds 5 (conftest)
+
+
 def test_trainer_progress_survives_operator_status_writes(operator: OperatorProcess, k: Kube, sim: KubeRaySim) -> None:
     k.create_rljob(rljob("prog"))
     sim.wait_for(k.ns, "prog")

@@ -10,7 +10,7 @@ import yaml
 
 from kuberl.api.crd import crd_yaml
 from kuberl.api.docs import api_markdown
-from kuberl.api.rules import RULES
+from kuberl.api.rules import RULES, VERL_CHECKS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,6 +62,10 @@ def test_rules_have_unique_ids_and_single_line_messages() -> None:
     ids = [r.id for r in RULES]
     assert len(ids) == len(set(ids))
     assert all("\n" not in r.static_message and r.verl for r in RULES)
+
+
+def test_every_verl_rule_a_rule_names_is_listed() -> None:
+    assert {r.verl for r in RULES} - {"ours"} == set(VERL_CHECKS)
 
 
 def test_rule_fields_exist_in_the_schema() -> None:

@@ -14,7 +14,6 @@ from kuberl.operator.rayjob import (
     NCCL_ENV,
     RenderError,
     configmap_name,
-    entrypoint,
     render_configmap,
     render_rayjob,
     spec_hash,
@@ -99,7 +98,6 @@ def test_entrypoint_runs_the_trainer_on_the_mounted_spec() -> None:
     assert rayjob["spec"]["entrypoint"] == (
         "python -m kuberl.trainer.run --spec-file /etc/kuberl/spec.json --name gsm8k --namespace team-a"
     )
-    assert rayjob["spec"]["entrypoint"] == entrypoint("gsm8k", "team-a")
 
 
 def test_run_policy_maps_to_rayjob_fields() -> None:
@@ -196,7 +194,8 @@ def test_separate_placement_adds_a_rollout_group_from_cluster_rollout() -> None:
     rollout = groups[1]
     assert rollout["replicas"] == spec.cluster.rollout.nodes
     assert rollout["template"]["spec"]["nodeSelector"] == {"pool": "h200-rollout"}
-    assert env_of(containers(rollout)[0])["KUBERL_POOL"] == "rollout"
+    assert rollout["labels"] == {"kuberl.io/pool": "rollout"}
+    assert rollout["template"]["metadata"]["labels"]["kuberl.io/pool"] == "rollout"
 
 
 def test_colocated_placement_has_only_the_trainer_group() -> None:

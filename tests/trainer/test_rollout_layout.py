@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from kuberl.api import parse_spec
-from kuberl.api.spec import POOL_LABEL
+from kuberl.api.contract import POOL_LABEL
 from kuberl.trainer.rollout.layout import (
     PlacementError,
     engine_actor_options,

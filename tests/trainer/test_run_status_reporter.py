@@ -1,5 +1,6 @@
 """RLJob status progress reports: rate limit, merge-patch body, and API errors that never fail a run."""
 
+from kuberl.api.status import Progress
 from kuberl.trainer.status_reporter import StatusReporter
 
 
@@ -25,7 +26,7 @@ class Clock:
 def test_progress_is_patched_into_the_rljob_status():
     api = FakeApi()
     reporter = StatusReporter("tiny", "team", api=api, clock=Clock())
-    assert reporter.report({"step": 3, "totalSteps": 30, "rewardMean": 0.5, "lastCheckpoint": None})
+    assert reporter.report(Progress(step=3, total_steps=30, reward_mean=0.5, last_checkpoint=None))
     group, version, namespace, plural, name, body = api.calls[0]
     assert (group, version, namespace, plural, name) == ("kuberl.io", "v1alpha1", "team", "rljobs", "tiny")
     progress = body["status"]["progress"]
@@ -36,18 +37,18 @@ def test_progress_is_patched_into_the_rljob_status():
 def test_reports_are_rate_limited_to_one_per_interval_unless_forced():
     api, clock = FakeApi(), Clock()
     reporter = StatusReporter("tiny", "team", api=api, clock=clock, min_interval=10)
-    assert reporter.report({"step": 1})
+    assert reporter.report(Progress(step=1))
     clock.now += 5
-    assert not reporter.report({"step": 2})
-    assert reporter.report({"step": 3}, force=True)
+    assert not reporter.report(Progress(step=2))
+    assert reporter.report(Progress(step=3), force=True)
     clock.now += 10
-    assert reporter.report({"step": 4})
+    assert reporter.report(Progress(step=4))
     assert [c[-1]["status"]["progress"]["step"] for c in api.calls] == [1, 3, 4]
 
 
 def test_api_errors_are_logged_not_raised(caplog):
     reporter = StatusReporter("tiny", "team", api=FakeApi(fail=True), clock=Clock())
-    assert reporter.report({"step": 1}) is False
+    assert reporter.report(Progress(step=1)) is False
     assert reporter.failures == 1 and "status patch failed" in caplog.text
 
 

@@ -15,7 +15,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from kuberl.api import rules as rules_table
-from kuberl.api.spec import GROUP, KIND, PLURAL, VERSION, RLJobSpec
+from kuberl.api.contract import GROUP, KIND, PLURAL, VERSION
+from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import Condition, RLJobStatus
 
 _DROP = {"title", "additionalProperties", "$defs"}

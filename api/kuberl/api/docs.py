@@ -9,9 +9,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from kuberl.api.contract import API_VERSION
 from kuberl.api.crd import field_default
-from kuberl.api.rules import RULES
-from kuberl.api.spec import API_VERSION, RLJobSpec
+from kuberl.api.rules import RULES, VERL_CHECKS
+from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import RLJobStatus
 
 # verl key → RLJob field. Where verl's name or a popular blog's name misleads, the note says how.
@@ -165,12 +166,16 @@ def api_markdown() -> str:
             "expressions and messages, by `kuberl validate`, the operator and the trainer. In rules, `DP` is "
             "`cluster.trainer.nodes × gpusPerNode`, `RESPONSES` is `trainBatchSize × rolloutN`, `MINI_RESPONSES` is "
             "`ppoMiniBatchSize × rolloutN`, `ROLLOUT_GPUS` the GPUs of the rollout pool (the trainer's when colocated). "
-            "The verl column names the rule of verl's it mirrors (R-numbers as in verl's config checks); where verl "
-            "floors silently (R6) or only fails at run time, kuberl refuses at admission.",
+            "The verl column names the check of verl's it mirrors (listed below the table); where verl floors "
+            "silently (R6) or only fails at run time, kuberl refuses at admission.",
             "",
             "| id | field | verl | rule | message |",
             "|---|---|---|---|---|",
             *rule_rows,
+            "",
+            "| verl | what verl checks, and where |",
+            "|---|---|",
+            *(f"| {key} | {_cell(check)} |" for key, check in VERL_CHECKS.items()),
             "",
             "## Status",
             "",

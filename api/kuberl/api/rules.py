@@ -36,6 +36,23 @@ MACROS: dict[str, str] = {
 # vLLM's largest supported LoRA rank (its max_lora_rank choices end at 512).
 VLLM_MAX_LORA_RANK = 512
 
+# The checks of verl's that rules mirror (`Rule.verl` names one), with where verl makes them. B: data.train_batch_size,
+# n: rollout.n, M: ppo_mini_batch_size, m: ppo_micro_batch_size_per_gpu, G: GPUs, dp: data-parallel ranks.
+VERL_CHECKS: dict[str, str] = {
+    "R1": "`(B·n) % G == 0` (`verl/utils/config.py::validate_config`; `DataProto.chunk` asserts it at run time)",
+    "R3": "`B >= ppo_mini_batch_size` (`verl/workers/config/actor.py`, `critic.py`: `validate`)",
+    "R4": "a micro-batch size is set unless `use_dynamic_bsz` (`verl/workers/config/actor.py::__post_init__`)",
+    "R6": "`M·n // dp > 0` and `(M·n // dp) % m == 0`; the division floors silently (`verl/workers/fsdp_workers.py`)",
+    "R8": "`clip_ratio_c > 1.0` (`verl/trainer/ppo/core_algos.py::compute_policy_loss_vanilla`)",
+    "R10": "token budget `>= max_prompt_length + max_response_length` (`verl/utils/seqlen_balancing.py`)",
+    "R11": "rollout GPUs divisible by the engine's TP·DP·PP (`verl/workers/fsdp_workers.py::_build_rollout`)",
+    "R14": "`val_kwargs.do_sample` needs `temperature > 0` (`verl/utils/config.py`)",
+    "R15": "LoRA rank within vLLM's largest (`verl/workers/rollout/vllm_rollout/utils.py::get_vllm_max_lora_rank`)",
+    "R16": "adaptive KL control needs `horizon > 0` (`verl/trainer/ppo/core_algos.py::get_kl_controller`)",
+    "R18": "a non-empty validation loader (`verl/trainer/ppo/ray_trainer.py`)",
+    "R19": "a resume path contains `global_step_` (`verl/trainer/ppo/ray_trainer.py`)",
+}
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -45,7 +62,7 @@ class Rule:
     rule: str
     message: str
     verl: str
-    """The verl rule it mirrors (reference/verl.md §2.2), or "ours"."""
+    """The key in VERL_CHECKS of the verl check it mirrors, or "ours"."""
     scope: Literal["spec", "root"] = "spec"
 
     @cached_property

@@ -13,18 +13,6 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-GROUP = "kuberl.io"
-VERSION = "v1alpha1"
-KIND = "RLJob"
-PLURAL = "rljobs"
-API_VERSION = f"{GROUP}/{VERSION}"
-
-# Ray node label of every worker pod, naming its pool: the operator sets it on the RayJob's worker groups, the
-# trainer selects on it to keep trainer ranks and rollout engines on their own pools.
-POOL_LABEL = f"{GROUP}/pool"
-TRAINER_POOL = "trainer"
-ROLLOUT_POOL = "rollout"
-
 # Kubernetes resource.Quantity, as the apiserver's own regular expression spells it.
 QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
 

@@ -11,8 +11,9 @@ import cel
 from pydantic import BaseModel, ValidationError
 
 from kuberl.api import celfuncs
+from kuberl.api.contract import API_VERSION, KIND
 from kuberl.api.rules import RULES, Rule
-from kuberl.api.spec import API_VERSION, KIND, RLJobSpec
+from kuberl.api.spec import RLJobSpec
 
 
 @dataclass(frozen=True)

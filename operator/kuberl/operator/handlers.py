@@ -17,9 +17,8 @@ from typing import Any
 import kopf
 from kubernetes import client, config
 
-from kuberl.api.spec import GROUP, PLURAL, VERSION
+from kuberl.api.contract import GROUP, PLURAL, RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, RLJOB_LABEL, VERSION
 from kuberl.operator import metrics, reconcile
-from kuberl.operator.rayjob import RLJOB_LABEL
 from kuberl.operator.settings import OperatorConfig, configure
 
 log = logging.getLogger("kuberl.operator")
@@ -94,7 +93,7 @@ def rljob_spec_updated(body: kopf.Body, old: Any, new: Any, memo: kopf.Memo, log
         reconcile.apply_update(memo.api, body, old, new, logger)
 
 
-@kopf.on.event("ray.io", "v1", "rayjobs", labels={RLJOB_LABEL: kopf.PRESENT})
+@kopf.on.event(RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, labels={RLJOB_LABEL: kopf.PRESENT})
 def rayjob_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     if memo.get("api") is None:
         return

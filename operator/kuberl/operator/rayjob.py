@@ -11,28 +11,27 @@ import hashlib
 import json
 from typing import Any
 
-from kuberl.api.spec import (
+from kuberl.api.contract import (
     API_VERSION,
+    ENV_REPORT_STATUS,
+    ENV_RLJOB_NAMESPACE,
+    HEAD_POOL,
     KIND,
     POOL_LABEL,
+    QUEUE_LABEL,
+    RAYJOB_API_VERSION,
+    RAYJOB_KIND,
+    RLJOB_LABEL,
     ROLLOUT_POOL,
+    SPEC_DIR,
+    SPEC_FILE,
+    SPEC_HASH_ANNOTATION,
     TRAINER_POOL,
-    HeadNode,
-    NodePool,
-    RLJobSpec,
-    Toleration,
+    entrypoint,
 )
+from kuberl.api.spec import HeadNode, NodePool, RLJobSpec, Toleration
 from kuberl.api.validation import spec_to_wire
 
-RAYJOB_API_VERSION = "ray.io/v1"
-RAYJOB_KIND = "RayJob"
-
-RLJOB_LABEL = "kuberl.io/rljob"
-SPEC_HASH_ANNOTATION = "kuberl.io/spec-hash"
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-
-SPEC_DIR = "/etc/kuberl"
-SPEC_FILE = "spec.json"
 SPEC_VOLUME = "kuberl-spec"
 SHM_VOLUME = "kuberl-dshm"
 SHM_PATH = "/dev/shm"
@@ -110,10 +109,6 @@ def render_configmap(name: str, namespace: str, uid: str, spec: RLJobSpec) -> di
     }
 
 
-def entrypoint(name: str, namespace: str) -> str:
-    return f"python -m kuberl.trainer.run --spec-file {SPEC_DIR}/{SPEC_FILE} --name {name} --namespace {namespace}"
-
-
 def render_rayjob(name: str, namespace: str, uid: str, spec: RLJobSpec) -> dict[str, Any]:
     """The RayJob that runs the trainer for RLJob `namespace/name` (uid: the RLJob's, for the owner reference)."""
     _check_reserved(spec)
@@ -122,11 +117,11 @@ def render_rayjob(name: str, namespace: str, uid: str, spec: RLJobSpec) -> dict[
     labels = common_labels(name, "rayjob")
     if cluster.queue_name:
         labels[QUEUE_LABEL] = cluster.queue_name
-    workers = [_worker_group(TRAINER_POOL, cluster.trainer, name, namespace, spec)]
+    workers = [_worker_group(TRAINER_POOL, cluster.trainer, name, spec)]
     if spec.rollout.placement == "separate":
         if cluster.rollout is None:  # the API's placement rule refuses this; keep the error readable anyway
             raise RenderError("rollout.placement is separate but cluster.rollout is not set")
-        workers.append(_worker_group(ROLLOUT_POOL, cluster.rollout, name, namespace, spec))
+        workers.append(_worker_group(ROLLOUT_POOL, cluster.rollout, name, spec))
     rayjob_spec: dict[str, Any] = {
         "entrypoint": entrypoint(name, namespace),
         "shutdownAfterJobFinishes": True,
@@ -178,18 +173,9 @@ def _tolerations(tolerations: list[Toleration]) -> list[dict[str, Any]]:
     return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tolerations]
 
 
-def _env(
-    name: str, namespace: str, spec: RLJobSpec, pool: str, extra: tuple[tuple[str, str], ...] = ()
-) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in NCCL_ENV]
-    env += [
-        {"name": "KUBERL_RLJOB_NAME", "value": name},
-        {"name": "KUBERL_RLJOB_NAMESPACE", "value": namespace},
-        {"name": "KUBERL_SPEC_FILE", "value": f"{SPEC_DIR}/{SPEC_FILE}"},
-        {"name": "KUBERL_POOL", "value": pool},
-        {"name": "KUBERL_DEVICE", "value": spec.cluster.device},
-        *({"name": k, "value": v} for k, v in extra),
-    ]
+def _env(spec: RLJobSpec, extra: tuple[tuple[str, str], ...] = ()) -> list[dict[str, Any]]:
+    """NCCL_ENV, then `extra` (the contract's variables for this pod), then the user's cluster.env."""
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in (*NCCL_ENV, *extra)]
     # The user's variables win: a user may override any of ours (e.g. NCCL_DEBUG=INFO when debugging).
     user = [e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in spec.cluster.env]
     overridden = {u["name"] for u in user}
@@ -258,7 +244,7 @@ def _head_group(name: str, namespace: str, spec: RLJobSpec) -> dict[str, Any]:
         "image": spec.cluster.image,
         "imagePullPolicy": spec.cluster.image_pull_policy,
         # the trainer's driver runs here and patches rljobs/status.progress (service account RBAC: docs/operator.md)
-        "env": _env(name, namespace, spec, "head", extra=(("KUBERL_REPORT_STATUS", "1"),)),
+        "env": _env(spec, extra=((ENV_REPORT_STATUS, "1"), (ENV_RLJOB_NAMESPACE, namespace))),
         "resources": {
             "requests": {"cpu": head.cpu, "memory": head.memory},
             "limits": {"cpu": head.cpu, "memory": head.memory},
@@ -270,7 +256,7 @@ def _head_group(name: str, namespace: str, spec: RLJobSpec) -> dict[str, Any]:
         # num-cpus 0: Ray schedules no actors on the head; it runs the single controller (the job driver) only
         "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
         "template": {
-            "metadata": {"labels": {**common_labels(name, "ray-head"), POOL_LABEL: "head"}},
+            "metadata": {"labels": {**common_labels(name, "ray-head"), POOL_LABEL: HEAD_POOL}},
             "spec": _pod_spec(
                 [container],
                 _volumes(name, head.memory) + _user_volumes(spec),
@@ -283,7 +269,7 @@ def _head_group(name: str, namespace: str, spec: RLJobSpec) -> dict[str, Any]:
     }
 
 
-def _worker_group(group: str, pool: NodePool, name: str, namespace: str, spec: RLJobSpec) -> dict[str, Any]:
+def _worker_group(group: str, pool: NodePool, name: str, spec: RLJobSpec) -> dict[str, Any]:
     limits: dict[str, Any] = {"cpu": pool.cpu, "memory": pool.memory}
     if spec.cluster.device == "cuda":
         limits["nvidia.com/gpu"] = pool.gpus_per_node
@@ -291,7 +277,7 @@ def _worker_group(group: str, pool: NodePool, name: str, namespace: str, spec: R
         "name": "ray-worker",
         "image": spec.cluster.image,
         "imagePullPolicy": spec.cluster.image_pull_policy,
-        "env": _env(name, namespace, spec, group),
+        "env": _env(spec),
         "resources": {"requests": {"cpu": pool.cpu, "memory": pool.memory}, "limits": limits},
         "ports": _ports(WORKER_PORTS),
         "volumeMounts": _mounts(spec),

@@ -14,21 +14,29 @@ Everything here reads the current state from the apiserver and writes what the p
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, NoReturn, TypeVar, cast
 
 import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from kuberl.api.spec import GROUP, PLURAL, VERSION, RLJobSpec
+from kuberl.api.contract import (
+    GROUP,
+    PLURAL,
+    RAY_GROUP,
+    RAY_VERSION,
+    RAYJOB_PLURAL,
+    SPEC_HASH_ANNOTATION,
+    VERSION,
+    timestamp,
+)
+from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import TERMINAL_PHASES
 from kuberl.api.validation import validate_document
 from kuberl.operator import metrics
 from kuberl.operator.rayjob import (
-    SPEC_HASH_ANNOTATION,
     RenderError,
     configmap_name,
     rayjob_update_ops,
@@ -39,14 +47,12 @@ from kuberl.operator.status import (
     Event,
     invalid_status,
     next_status,
-    now_rfc3339,
     set_condition,
     sort_conditions,
     status_patch,
     valid_condition,
 )
 
-RAY_GROUP, RAY_VERSION, RAY_PLURAL = "ray.io", "v1", "rayjobs"
 STATUS_WRITE_ATTEMPTS = 8
 TRANSIENT_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
@@ -68,6 +74,13 @@ class Api:
             lambda: _obj(self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
         )
 
+    def patch_rljob_status(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return _obj(
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, body, _content_type="application/merge-patch+json"
+            )
+        )
+
     def list_rljobs(self, namespace: str | None) -> list[dict[str, Any]]:
         """The RLJobs of one namespace, or of the whole cluster (None)."""
         if namespace is None:
@@ -77,26 +90,21 @@ class Api:
         items: list[dict[str, Any]] = _obj(listing)["items"]
         return items
 
-    def patch_rljob_status(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return _obj(
-            self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, body, _content_type="application/merge-patch+json"
-            )
-        )
-
     # RayJobs
     def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         return _none_on_404(
-            lambda: _obj(self.custom.get_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name))
+            lambda: _obj(
+                self.custom.get_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name)
+            )
         )
 
     def create_rayjob(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        return _obj(self.custom.create_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, body))
+        return _obj(self.custom.create_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, body))
 
     def json_patch_rayjob(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
         return _obj(
             self.custom.patch_namespaced_custom_object(
-                RAY_GROUP, RAY_VERSION, namespace, RAY_PLURAL, name, ops, _content_type="application/json-patch+json"
+                RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name, ops, _content_type="application/json-patch+json"
             )
         )
 
@@ -234,7 +242,7 @@ def write_status(
     the first attempt instead of reading them (a caller that just read or wrote them); a conflict re-reads both.
     Returns the patched RLJob (None when it is gone or being deleted).
     """
-    for attempt in range(STATUS_WRITE_ATTEMPTS):
+    for attempt in range(STATUS_WRITE_ATTEMPTS):  # a conflict re-reads and recomputes at once; kopf retries after
         if attempt or rljob is None:
             rljob = api.get_rljob(namespace, name)
         if rljob is None or rljob["metadata"].get("deletionTimestamp"):
@@ -255,7 +263,6 @@ def write_status(
             patched = api.patch_rljob_status(namespace, name, body)
         except ApiException as exc:
             if exc.status == 409:
-                time.sleep(min(0.05 * 2**attempt, 1.0))
                 continue
             if exc.status == 404:
                 return None
@@ -288,7 +295,7 @@ def sync_status(
     return write_status(api, namespace, name, compute, uid=uid, rljob=rljob, rayjob=rayjob)
 
 
-def refuse(api: Api, body: kopf.Body | dict[str, Any], messages: list[str], reason: str = "InvalidSpec") -> None:
+def refuse(api: Api, body: kopf.Body | dict[str, Any], messages: list[str], reason: str = "InvalidSpec") -> NoReturn:
     """Mark the RLJob Failed with Valid=False and stop handling it (kopf.PermanentError)."""
     meta = body["metadata"]
     generation = meta.get("generation")
@@ -300,7 +307,7 @@ def refuse(api: Api, body: kopf.Body | dict[str, Any], messages: list[str], reas
     raise kopf.PermanentError("; ".join(messages))
 
 
-def mark_invalid_update(api: Api, body: kopf.Body | dict[str, Any], messages: list[str]) -> None:
+def mark_invalid_update(api: Api, body: kopf.Body | dict[str, Any], messages: list[str]) -> NoReturn:
     """A live job whose spec (an update, or the stored one after an operator upgrade) fails validation:
     Valid=False and a Warning Event; the job keeps running with what it has."""
     meta = body["metadata"]
@@ -315,7 +322,7 @@ def mark_invalid_update(api: Api, body: kopf.Body | dict[str, Any], messages: li
             False,
             "InvalidSpec",
             f"not applied to the running job: {message}",
-            now_rfc3339(),
+            timestamp(),
             meta.get("generation"),
         )
         new["conditions"] = sort_conditions(conditions)
@@ -347,6 +354,31 @@ def _plain(value: Any) -> Any:
     return value
 
 
+Refusal = Callable[[Api, "kopf.Body | dict[str, Any]", list[str]], NoReturn]
+
+
+def desired_children(
+    api: Api, body: kopf.Body | dict[str, Any], invalid: Refusal, unrenderable: Refusal
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Validate the RLJob, render its ConfigMap and RayJob, and make them its children; (configmap, rayjob).
+
+    A spec that fails the rules goes to `invalid`, one the renderer cannot turn into a RayJob to `unrenderable`
+    (`refuse` or `mark_invalid_update`: neither returns).
+    """
+    meta = body["metadata"]
+    issues = spec_issues(body)
+    if issues:
+        invalid(api, body, issues)
+    spec = RLJobSpec.model_validate(_plain(body["spec"]))
+    try:
+        configmap = render_configmap(meta["name"], meta["namespace"], meta["uid"], spec)
+        rayjob = render_rayjob(meta["name"], meta["namespace"], meta["uid"], spec)
+    except RenderError as exc:
+        unrenderable(api, body, [str(exc)])
+    kopf.adopt([configmap, rayjob], owner=_plain(body))  # also copies the RLJob's labels (e.g. a Kueue queue label)
+    return configmap, rayjob
+
+
 def ensure(api: Api, body: kopf.Body | dict[str, Any], logger: kopf.Logger = log) -> None:
     """Create-or-adopt the ConfigMap and the RayJob of a valid RLJob and write its status (create/resume)."""
     meta = body["metadata"]
@@ -355,21 +387,10 @@ def ensure(api: Api, body: kopf.Body | dict[str, Any], logger: kopf.Logger = log
     if phase in TERMINAL_PHASES:
         logger.debug("RLJob is %s; nothing to do", phase)
         return
-    issues = spec_issues(body)
-    if issues and (body.get("status") or {}).get("rayJobName"):
-        # already running (e.g. admitted under an older rule set, seen again after an operator upgrade):
-        # flag it, keep following its RayJob, do not fail a live job
-        mark_invalid_update(api, body, issues)
-    if issues:
-        refuse(api, body, issues)
-    spec = RLJobSpec.model_validate(_plain(body["spec"]))
-    try:
-        configmap = render_configmap(name, namespace, uid, spec)
-        rayjob = render_rayjob(name, namespace, uid, spec)
-    except RenderError as exc:
-        refuse(api, body, [str(exc)])
-    owner = _plain(body)
-    kopf.adopt([configmap, rayjob], owner=owner)  # also copies the RLJob's labels (e.g. a Kueue queue label)
+    # already running (e.g. admitted under an older rule set, seen again after an operator upgrade):
+    # flag it, keep following its RayJob, do not fail a live job
+    live = bool((body.get("status") or {}).get("rayJobName"))
+    configmap, rayjob = desired_children(api, body, mark_invalid_update if live else refuse, refuse)
     try:
         ensure_configmap(api, configmap, uid)
         existing, created = ensure_rayjob(api, rayjob, uid)
@@ -410,16 +431,7 @@ def apply_update(
     if phase in TERMINAL_PHASES:
         logger.info("RLJob is %s; the spec change is not applied", phase)
         return
-    issues = spec_issues(body)
-    if issues:
-        mark_invalid_update(api, body, issues)
-    spec = RLJobSpec.model_validate(_plain(body["spec"]))
-    try:
-        configmap = render_configmap(name, namespace, uid, spec)
-        desired = render_rayjob(name, namespace, uid, spec)
-    except RenderError as exc:
-        mark_invalid_update(api, body, [str(exc)])
-    kopf.adopt([configmap, desired], owner=_plain(body))
+    configmap, desired = desired_children(api, body, mark_invalid_update, mark_invalid_update)
     suspend_changed = suspend_of(old_spec) != suspend_of(new_spec)
     try:
         ensure_configmap(api, configmap, uid)
@@ -448,9 +460,10 @@ def apply_update(
 
 
 def on_rayjob(api: Api, rayjob: dict[str, Any], *, deleted: bool = False) -> None:
-    """A watched RayJob changed: recompute its owner's status (retrying transient errors a few times).
+    """A watched RayJob changed: recompute its owner's status.
 
     The RayJob from the watch event is used as is for the first attempt (deleted: None); the RLJob is read.
+    kopf does not retry event handlers: a write that fails here is redone by the next resync (`resync_all`).
     """
     meta = rayjob.get("metadata") or {}
     owner = next(
@@ -458,33 +471,28 @@ def on_rayjob(api: Api, rayjob: dict[str, Any], *, deleted: bool = False) -> Non
     )
     if owner is None:
         return
-    namespace, name, uid = meta["namespace"], owner["name"], owner["uid"]
-    for attempt in range(5):
-        try:
-            sync_status(api, namespace, name, uid=uid, rayjob=None if deleted else rayjob)
-            return
-        except (ApiException, HTTPError, kopf.TemporaryError) as exc:
-            if attempt == 4 or (isinstance(exc, ApiException) and not transient(exc)):
-                raise
-            time.sleep(0.5 * 2**attempt)
+    sync_status(api, meta["namespace"], owner["name"], uid=owner["uid"], rayjob=None if deleted else rayjob)
+
+
+def resync(api: Api, rljob: dict[str, Any]) -> bool:
+    """Recompute one RLJob's status from its RayJob (a net for a missed or failed watch event); True if it changed."""
+    meta, status = rljob["metadata"], rljob.get("status") or {}
+    if status.get("phase") in TERMINAL_PHASES or meta.get("deletionTimestamp"):
+        return False
+    if not status.get("rayJobName"):
+        return False  # the create handler has not finished; it writes the status itself
+    after = sync_status(api, meta["namespace"], meta["name"], uid=meta["uid"])
+    return after is not None and after["metadata"]["resourceVersion"] != meta["resourceVersion"]
 
 
 def resync_all(api: Api, namespaces: list[str] | None) -> int:
-    """Recompute every RLJob's status from its RayJob (a safety net for missed watch events); returns writes."""
-    writes = 0
+    """`resync` every RLJob of `namespaces` (None: the cluster's); returns how many statuses it corrected.
+
+    Run by the operator's resync thread, not a kopf timer: kopf puts a finalizer on every object a timer serves,
+    and deleting an RLJob must never wait for the operator.
+    """
     scopes: list[str | None] = list(namespaces) if namespaces else [None]
-    for ns in scopes:
-        for rljob in api.list_rljobs(ns):
-            meta = rljob["metadata"]
-            if (rljob.get("status") or {}).get("phase") in TERMINAL_PHASES or meta.get("deletionTimestamp"):
-                continue
-            if not (rljob.get("status") or {}).get("rayJobName"):
-                continue  # the create handler has not finished; it writes the status itself
-            before = meta["resourceVersion"]
-            after = sync_status(api, meta["namespace"], meta["name"], uid=meta["uid"])
-            if after is not None and after["metadata"]["resourceVersion"] != before:
-                writes += 1
-    return writes
+    return sum(resync(api, rljob) for ns in scopes for rljob in api.list_rljobs(ns))
 
 
 __all__ = [
@@ -496,6 +504,7 @@ __all__ = [
     "ensure_rayjob",
     "on_rayjob",
     "refuse",
+    "resync",
     "resync_all",
     "sync_status",
     "write_status",

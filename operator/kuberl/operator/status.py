@@ -5,7 +5,7 @@ read from the apiserver (or None when there is none yet) in, the new status and 
 their `lastTransitionTime` unless their `status` changes (metav1 convention); `startTime` is set once, when the
 job first runs; `completionTime` when it reaches a terminal phase; `restarts` never decreases.
 
-KubeRay's states (reference/k8s-anchors.md §1.3) map to phases as follows:
+KubeRay's states (`ray-operator/apis/ray/v1/rayjob_types.go`: `JobDeploymentStatus`, `JobStatus`) map to phases:
 
 | RayJob jobDeploymentStatus              | jobStatus                 | RLJob phase                              |
 |-----------------------------------------|---------------------------|------------------------------------------|
@@ -23,9 +23,9 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
+from kuberl.api.contract import PROGRESS_FIELD, QUEUE_LABEL, timestamp
 from kuberl.api.status import TERMINAL_PHASES, ConditionType, Phase
 
 # RayJob .status.jobDeploymentStatus values (KubeRay rayjob_types.go)
@@ -59,10 +59,6 @@ class Event:
     type: str  # Normal | Warning
     reason: str
     message: str
-
-
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def camel_reason(text: str, default: str = "Unknown") -> str:
@@ -195,7 +191,7 @@ def observe(rayjob: dict[str, Any]) -> Observation:
 
 
 def _suspender(rayjob: dict[str, Any]) -> str:
-    queue = ((rayjob.get("metadata") or {}).get("labels") or {}).get("kueue.x-k8s.io/queue-name")
+    queue = ((rayjob.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL)
     if queue:
         return f"resume with runPolicy.suspend: false, or wait for Kueue (queue {queue}) to admit it"
     return "resume with runPolicy.suspend: false"
@@ -212,7 +208,7 @@ def next_status(
 
     A terminal phase is final: later RayJob changes (KubeRay deleting the cluster) do not reopen the job.
     """
-    now = now or now_rfc3339()
+    now = now or timestamp()
     old = copy.deepcopy(old or {})
     new = copy.deepcopy(old)
     new.pop("kopf", None)
@@ -341,7 +337,7 @@ def invalid_status(
     generation: int | None = None,
 ) -> tuple[dict[str, Any], list[Event]]:
     """Status of an RLJob the operator refuses (it got past admission, e.g. with an older CRD): Failed, Valid=False."""
-    now = now or now_rfc3339()
+    now = now or timestamp()
     new = copy.deepcopy(old or {})
     new.pop("kopf", None)
     message = "; ".join(messages)
@@ -366,7 +362,7 @@ def valid_condition(
     old: dict[str, Any] | None, *, now: str | None = None, generation: int | None = None
 ) -> dict[str, Any]:
     """`old` with Valid=True set (the spec passed the operator's own validation)."""
-    now = now or now_rfc3339()
+    now = now or timestamp()
     new = copy.deepcopy(old or {})
     new.pop("kopf", None)
     conditions = list(new.get("conditions") or [])
@@ -387,10 +383,10 @@ def status_patch(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, A
     old = old or {}
     patch: dict[str, Any] = {}
     for key, value in new.items():
-        if key in ("progress", "kopf"):
+        if key in (PROGRESS_FIELD, "kopf"):
             continue
         if old.get(key) != value:
             patch[key] = value
-    for key in old.keys() - new.keys() - {"progress", "kopf"}:
+    for key in old.keys() - new.keys() - {PROGRESS_FIELD, "kopf"}:
         patch[key] = None  # merge patch: null removes the field
     return patch

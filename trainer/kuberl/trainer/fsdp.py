@@ -12,7 +12,8 @@
   model under ``disable_adapter()`` and costs no extra memory. The rollout receives merged weights
   ``W + (alpha/r)·B·A`` under the base model's names.
 
-FSDP1 is not used: it needs an accelerator and fails on CPU (reference/cpu-ml-notes.md).
+FSDP1 is not used: on CPU it fails without an accelerator ("FSDP needs a non-CPU accelerator device"), and
+with ``device_id=cpu`` its gradient-norm clip differs per rank and its full-state-dict offload crashes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The single controller: one driver runs the RL loop and drives SPMD worker groups on Ray (design §5).
+"""The single controller: one driver runs the RL loop and drives SPMD worker groups on Ray.
 
 ``kuberl run rljob.yaml`` starts an embedded local Ray (or joins ``--address``); on Kubernetes the RayJob runs
 ``python -m kuberl.trainer.run --spec-file /etc/kuberl/spec.json --name NAME --namespace NS`` and joins the
@@ -27,6 +27,8 @@ import torch
 from torch import Tensor
 
 from kuberl.api import RLJobSpec, parse_spec, plan_batches
+from kuberl.api.contract import ENV_RLJOB_NAMESPACE, TRAINER_MODULE
+from kuberl.api.status import Progress
 from kuberl.trainer import checkpoint as ckpt
 from kuberl.trainer.advantages import compute_advantages
 from kuberl.trainer.data import Prompt, PromptDataset, PromptLoader, load_rows
@@ -394,14 +396,14 @@ class Trainer:
             return
         step_time = metrics.get("perf/time_per_step") or 0.0
         self.reporter.report(
-            {
-                "step": self.global_step,
-                "totalSteps": self.total_steps,
-                "epoch": int(metrics.get("training/epoch", 0)),
-                "rewardMean": metrics.get("critic/score/mean"),
-                "lastCheckpoint": self.last_checkpoint,
-                "tokensPerSecond": metrics["perf/total_num_tokens"] / step_time if step_time else None,
-            },
+            Progress(
+                step=self.global_step,
+                total_steps=self.total_steps,
+                epoch=int(metrics.get("training/epoch", 0)),
+                reward_mean=metrics.get("critic/score/mean"),
+                last_checkpoint=self.last_checkpoint,
+                tokens_per_second=metrics["perf/total_num_tokens"] / step_time if step_time else None,
+            ),
             force=force,
         )
 
@@ -725,16 +727,21 @@ def run_job(
     return code
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m kuberl.trainer.run --spec-file spec.json --name NAME --namespace NS`` (the RayJob entrypoint)."""
-    parser = argparse.ArgumentParser(prog="python -m kuberl.trainer.run", description=main.__doc__)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The entrypoint's flags (kuberl.api.contract.entrypoint writes them); --namespace defaults to the pod's."""
+    parser = argparse.ArgumentParser(prog=f"python -m {TRAINER_MODULE}", description=main.__doc__)
     parser.add_argument("--spec-file", required=True, help="the RLJob spec as JSON (or YAML), camelCase")
     parser.add_argument("--name", required=True)
-    parser.add_argument("--namespace", default=os.environ.get("KUBERL_NAMESPACE", "default"))
+    parser.add_argument("--namespace", default=os.environ.get(ENV_RLJOB_NAMESPACE, "default"))
     parser.add_argument("--address", default="auto", help='Ray address; "auto" joins the cluster this pod is in')
     parser.add_argument("--run-dir")
     parser.add_argument("--steps", type=int)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kuberl.trainer.run --spec-file spec.json --name NAME --namespace NS`` (the RayJob entrypoint)."""
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     from kuberl.api import InvalidSpec
 

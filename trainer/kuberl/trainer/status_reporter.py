@@ -1,6 +1,6 @@
 """Report training progress into ``RLJob.status.progress`` from inside the RayJob.
 
-On when ``KUBERL_REPORT_STATUS=1`` and the pod has in-cluster credentials (the operator sets both), or
+On when ``KUBERL_REPORT_STATUS=1`` (``kuberl.api.contract.ENV_REPORT_STATUS``) and the pod has in-cluster credentials (the operator sets both), or
 ``KUBECONFIG`` names a kubeconfig. Patches go to
 the ``status`` subresource as a JSON merge patch, at most one per ``min_interval`` seconds (the final report is
 forced), and an API error is logged, never raised: a status update must not fail a training run.
@@ -8,18 +8,17 @@ forced), and an API error is logged, never raised: a status update must not fail
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import os
 import time
 from pathlib import Path
 from typing import Any
 
-from kuberl.api.spec import GROUP, PLURAL, VERSION
+from kuberl.api.contract import ENV_REPORT_STATUS, GROUP, PLURAL, PROGRESS_FIELD, VERSION, timestamp
+from kuberl.api.status import Progress
 
 log = logging.getLogger(__name__)
 
-ENV_FLAG = "KUBERL_REPORT_STATUS"
 TOKEN_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
 
@@ -42,13 +41,13 @@ class StatusReporter:
     @classmethod
     def from_env(cls, name: str, namespace: str | None) -> StatusReporter | None:
         """A reporter when enabled and possible, else None (local runs)."""
-        if os.environ.get(ENV_FLAG) != "1":
+        if os.environ.get(ENV_REPORT_STATUS) != "1":
             return None
         kubeconfig = os.environ.get("KUBECONFIG")
         if not namespace or not (in_cluster() or kubeconfig):
             log.warning(
                 "%s=1 but no in-cluster credentials, KUBECONFIG or namespace: RLJob status will not be updated",
-                ENV_FLAG,
+                ENV_REPORT_STATUS,
             )
             return None
         try:
@@ -64,12 +63,13 @@ class StatusReporter:
             return None
 
     @staticmethod
-    def body(progress: dict[str, Any]) -> dict[str, Any]:
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return {"status": {"progress": {**{k: v for k, v in progress.items() if v is not None}, "updatedAt": now}}}
+    def body(progress: Progress) -> dict[str, Any]:
+        """The merge patch: ``progress`` stamped with the time, on the wire (camelCase), unset fields left out."""
+        stamped = progress.model_copy(update={"updated_at": timestamp()})
+        return {"status": {PROGRESS_FIELD: stamped.model_dump(mode="json", by_alias=True, exclude_none=True)}}
 
-    def report(self, progress: dict[str, Any], *, force: bool = False) -> bool:
-        """Patch ``status.progress`` (camelCase keys) unless one was sent less than ``min_interval`` ago."""
+    def report(self, progress: Progress, *, force: bool = False) -> bool:
+        """Patch ``status.progress`` unless one was sent less than ``min_interval`` ago."""
         now = self.clock()
         if not force and self.last_sent is not None and now - self.last_sent < self.min_interval:
             return False

@@ -19,7 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kuberl.api.spec import POOL_LABEL, ROLLOUT_POOL, TRAINER_POOL, RLJobSpec
+from kuberl.api.contract import POOL_LABEL, ROLLOUT_POOL, TRAINER_POOL
+from kuberl.api.spec import RLJobSpec
 from kuberl.trainer.weight_sync import Transport
 
 

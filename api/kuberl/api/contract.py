@@ -1,0 +1,75 @@
+"""The names the operator and the trainer share, in one place (as KubeRay keeps its own in `utils/constant.go`).
+
+The operator renders a RayJob with these labels, annotations, environment and entrypoint; the trainer reads them
+inside that RayJob. A name that one side sets and the other never reads does not belong here (it is a bug):
+`tests/api/test_contract.py` checks the rendered RayJob against this module.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+# --- the RLJob API -------------------------------------------------------------------------------------------------
+
+GROUP = "kuberl.io"  # API group of the RLJob custom resource
+VERSION = "v1alpha1"  # the one served (and stored) version
+KIND = "RLJob"  # the resource's kind
+PLURAL = "rljobs"  # the resource's plural, as in the REST path and `kubectl get rljobs`
+API_VERSION = f"{GROUP}/{VERSION}"  # apiVersion of an RLJob document
+
+# --- KubeRay's RayJob, the child the operator creates -------------------------------------------------------------
+
+RAY_GROUP = "ray.io"  # API group of KubeRay's resources
+RAY_VERSION = "v1"  # the RayJob version the operator writes and watches
+RAYJOB_KIND = "RayJob"  # the child's kind
+RAYJOB_PLURAL = "rayjobs"  # the child's plural
+RAYJOB_API_VERSION = f"{RAY_GROUP}/{RAY_VERSION}"  # apiVersion of the rendered RayJob
+
+# --- labels --------------------------------------------------------------------------------------------------------
+
+RLJOB_LABEL = f"{GROUP}/rljob"  # on every child object: the owning RLJob's name (the operator watches RayJobs by it)
+POOL_LABEL = f"{GROUP}/pool"  # pod label and Ray node label of every Ray pod: its pool; the trainer selects by it
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"  # Kueue's queue label, copied from cluster.queueName onto the RayJob
+
+# --- pools (values of POOL_LABEL) ----------------------------------------------------------------------------------
+
+HEAD_POOL = "head"  # the Ray head pod: runs the driver (the single controller), no actors
+TRAINER_POOL = "trainer"  # the worker group of cluster.trainer: FSDP ranks (and colocated rollout engines)
+ROLLOUT_POOL = "rollout"  # the worker group of cluster.rollout: rollout engines when rollout.placement is separate
+
+# --- annotations ---------------------------------------------------------------------------------------------------
+
+SPEC_HASH_ANNOTATION = f"{GROUP}/spec-hash"  # on the ConfigMap and the RayJob: hash of the spec they were built from
+
+# --- the spec file -------------------------------------------------------------------------------------------------
+
+SPEC_DIR = "/etc/kuberl"  # where every Ray pod mounts the `<name>-spec` ConfigMap, read-only
+SPEC_FILE = "spec.json"  # the ConfigMap key holding the spec (camelCase JSON, defaults filled in)
+SPEC_PATH = f"{SPEC_DIR}/{SPEC_FILE}"  # the file the trainer reads
+
+# --- environment of the Ray head pod (the driver runs there) -------------------------------------------------------
+
+ENV_REPORT_STATUS = "KUBERL_REPORT_STATUS"  # "1": the driver patches rljobs/status.progress (StatusReporter)
+ENV_RLJOB_NAMESPACE = "KUBERL_RLJOB_NAMESPACE"  # the RLJob's namespace: the default of the trainer's --namespace
+
+# --- the entrypoint ------------------------------------------------------------------------------------------------
+
+TRAINER_MODULE = "kuberl.trainer.run"  # `python -m` this: the RayJob's entrypoint, the driver of the RL loop
+
+
+def entrypoint(name: str, namespace: str) -> str:
+    """The RayJob's entrypoint: the trainer on the mounted spec, reporting to RLJob `namespace/name`."""
+    return f"python -m {TRAINER_MODULE} --spec-file {SPEC_PATH} --name {name} --namespace {namespace}"
+
+
+# --- status --------------------------------------------------------------------------------------------------------
+
+PROGRESS_FIELD = (
+    "progress"  # the status field the trainer owns (kuberl.api.status.Progress); the operator never writes it
+)
+TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # RFC 3339 in UTC, seconds: every time the operator or the trainer writes
+
+
+def timestamp(at: datetime | None = None) -> str:
+    """`at` (default: now) in TIMESTAMP_FORMAT."""
+    return (at or datetime.now(UTC)).astimezone(UTC).strftime(TIMESTAMP_FORMAT)
