@@ -22,7 +22,7 @@ def test_registry_holds_the_four_estimators() -> None:
 
 
 def test_unknown_estimator_error_lists_known_names() -> None:
-    with pytest.raises(ValueError, match=r"'ppo'.*gae, grpo, reinforce_plus_plus, rloo"):
+    with pytest.raises(ValueError, match=r"'ppo'.*gae, gpg, grpo, grpo_passk, opo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo"):
         compute_advantages("ppo", torch.zeros(1, 1), torch.ones(1, 1))
 
 
