@@ -312,9 +312,9 @@ def gpg(
     norm_adv_by_std: bool = True,
     reward_baselines: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """GPG (Chu et al. 2025, arXiv 2504.02546): A_i = α·(r_i − mean_g), α = B / #(responses with r ≠ 0).
+    """GPG (Chu et al. 2025, arXiv 2504.02546): A_i = a·(r_i − mean_g), a = B / #(responses with r ≠ 0).
 
-    α (at least B / B) rescales the batch gradient for the responses that carry no signal; verl's f_norm is 1.
+    a (at least 1) rescales the batch gradient for the responses that carry no signal; verl's f_norm is 1.
     """
     group_ids = _require(group_ids, "group_ids", "gpg")
     scores = _scores(token_rewards, mask)
@@ -349,9 +349,7 @@ def grpo_passk(
     best = scores.new_full((n_groups,), -torch.inf).scatter_reduce(0, group, scores, "amax")
     position = torch.arange(scores.numel(), device=scores.device)
     at_best = torch.where(scores == best[group], position, scores.numel())
-    first_best = torch.full((n_groups,), scores.numel(), device=scores.device).scatter_reduce(
-        0, group, at_best, "amin"
-    )
+    first_best = torch.full((n_groups,), scores.numel(), device=scores.device).scatter_reduce(0, group, at_best, "amin")
     is_best = position == first_best[group]
     others = torch.where(is_best, -torch.inf, scores)
     second = scores.new_full((n_groups,), -torch.inf).scatter_reduce(0, group, others, "amax")
@@ -359,8 +357,9 @@ def grpo_passk(
     if norm_adv_by_std:
         n = count.to(scores.dtype)
         deviation = scores - _group_sum(scores, group) / n
-        std = (_group_sum(deviation**2, group) / (n - 1)).sqrt()
-        gap = gap / (torch.zeros_like(gap).index_reduce_(0, group, std, "amax") + GROUP_STD_EPS)
+        squares = torch.zeros_like(gap).index_add_(0, group, deviation**2)
+        sizes = torch.zeros_like(gap).index_add_(0, group, torch.ones_like(scores))
+        gap = gap / ((squares / (sizes - 1)).sqrt() + GROUP_STD_EPS)
     advantages = torch.where(is_best, gap[group], 0.0).unsqueeze(-1) * mask.to(scores.dtype)
     return advantages, advantages
 

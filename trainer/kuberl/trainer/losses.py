@@ -362,8 +362,8 @@ def geo_mean(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GMPO (Zhao et al. 2025, arXiv 2507.20673): the geometric mean of the token ratios, clipped per token.
 
-    With δ = log π − log π_old and σ = sign(A), each token's δ is clipped pessimistically,
-    δ' = σ·min(σ·δ, σ·clip(δ, −clip_ratio_low, clip_ratio_high)); per sequence
+    With δ = log π − log π_old and s = sign(A), each token's δ is clipped pessimistically,
+    δ' = s·min(s·δ, s·clip(δ, −clip_ratio_low, clip_ratio_high)); per sequence
     L_i = −Ā_i·exp(mean_t δ'), Ā_i the sequence's mean advantage, and the loss is Σ_i L_i / batch_seqs
     whatever ``agg_mode`` says (verl's loss is a mean over sequences). ``pg_clipfrac`` /
     ``pg_clipfrac_lower``: share of tokens whose δ was outside the band, with A > 0 / A < 0.
