@@ -164,3 +164,16 @@ def test_cispo_weights_every_token_by_its_clipped_ratio_without_dropping_its_gra
 
 def test_vanilla_is_the_default_loss_mode() -> None:
     assert PolicyLossConfig().loss_mode == "vanilla" and Algorithm().policy_loss.loss_mode == "vanilla"
+
+
+def test_spec_enums_docs_and_registries_name_the_same_algorithms() -> None:
+    from typing import get_args
+
+    from kuberl.api import docs
+    from kuberl.api.spec import AdvantageEstimatorName, PolicyLossMode
+    from kuberl.trainer.advantages import ADVANTAGE_ESTIMATORS
+    from kuberl.trainer.losses import LOSS_AGG_MODES
+
+    assert set(get_args(PolicyLossMode)) == set(POLICY_LOSSES) == {row[0] for row in docs.POLICY_LOSSES}
+    assert set(get_args(AdvantageEstimatorName)) == set(ADVANTAGE_ESTIMATORS) == {row[0] for row in docs.ESTIMATORS}
+    assert set(LOSS_AGG_MODES) == {row[0] for row in docs.AGGREGATIONS}
