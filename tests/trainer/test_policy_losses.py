@@ -25,7 +25,7 @@ def run(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
     """Loss, metrics and d loss / d log_probs."""
     log_probs = log_probs.clone().requires_grad_(True)
-    config = PolicyLossConfig(loss_mode=mode, **knobs)  # type: ignore[arg-type]
+    config = PolicyLossConfig(loss_mode=mode, **knobs)
     tokens, seqs = float(mask.sum()), float(mask.shape[0])
     loss, metrics = policy_loss(
         log_probs, old, adv, mask, config=config, agg_mode=agg_mode, batch_tokens=tokens, batch_seqs=seqs

@@ -51,7 +51,8 @@ def keep_groups(group_ids: Tensor, metric: Tensor) -> Tensor:
     values = metric.to(torch.float64)
     high = values.new_full((n_groups,), -torch.inf).scatter_reduce(0, group, values, "amax")
     low = values.new_full((n_groups,), torch.inf).scatter_reduce(0, group, values, "amin")
-    return ((high > low) | (counts == 1))[group]
+    kept: Tensor = ((high > low) | (counts == 1))[group]
+    return kept
 
 
 @dataclass
