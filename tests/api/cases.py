@@ -340,6 +340,86 @@ INVALID_CASES: list[InvalidCase] = [
         "did you mean 'rolloutN'",
     ),
     _case("typo-in-spec-section", "spec.algorythm", "schema", _set("spec.algorythm", {}), "did you mean 'algorithm'"),
+    # --- policy losses, estimators and DAPO (issue 18) ---
+    _case(
+        "passk-needs-group",
+        "spec.batch.rolloutN",
+        "group-baseline-needs-group",
+        _all(_set("spec.algorithm.advantageEstimator", "grpo_passk"), _set("spec.batch.rolloutN", 1)),
+        "grpo_passk takes its baseline",
+    ),
+    _case(
+        "opo-needs-group",
+        "spec.batch.rolloutN",
+        "group-baseline-needs-group",
+        _all(_set("spec.algorithm.advantageEstimator", "opo"), _set("spec.batch.rolloutN", 1)),
+        "rolloutN = 1",
+    ),
+    _case(
+        "filter-groups-needs-group",
+        "spec.algorithm.filterGroups.enabled",
+        "filter-groups-needs-group",
+        _all(
+            _set("spec.algorithm.advantageEstimator", "remax"),
+            _set("spec.batch.rolloutN", 1),
+            _set("spec.algorithm.filterGroups", {"enabled": True}),
+        ),
+        "rolloutN = 1",
+    ),
+    _case(
+        "filter-groups-extra-metric-with-reward-model",
+        "spec.algorithm.filterGroups.metric",
+        "filter-groups-metric-available",
+        _all(
+            _set("spec.algorithm.filterGroups", {"enabled": True, "metric": "acc"}),
+            _set("spec.reward.model", {"path": "/models/rm", "maxLength": 4096}),
+        ),
+        "metric acc",
+    ),
+    _case(
+        "filter-groups-zero-rounds",
+        "spec.algorithm.filterGroups.maxNumGenBatches",
+        "schema",
+        _set("spec.algorithm.filterGroups", {"enabled": True, "maxNumGenBatches": 0}),
+    ),
+    _case(
+        "filter-groups-metric-not-a-name",
+        "spec.algorithm.filterGroups.metric",
+        "schema",
+        _set("spec.algorithm.filterGroups", {"enabled": True, "metric": "acc; drop"}),
+    ),
+    _case(
+        "overlong-buffer-fills-response",
+        "spec.reward.overlongBuffer.length",
+        "overlong-buffer-within-response",
+        _set("spec.reward.overlongBuffer", {"length": 512}),
+        "data.maxResponseLength = 512",
+    ),
+    _case(
+        "overlong-buffer-negative-penalty",
+        "spec.reward.overlongBuffer.penaltyFactor",
+        "schema",
+        _set("spec.reward.overlongBuffer", {"length": 64, "penaltyFactor": -1}),
+    ),
+    _case(
+        "clip-cov-bounds-reversed",
+        "spec.algorithm.policyLoss.clipCovLb",
+        "clip-cov-bounds-ordered",
+        _set("spec.algorithm.policyLoss", {"lossMode": "clip_cov", "clipCovLb": 5.0, "clipCovUb": 1.0}),
+        "clipCovLb = 5",
+    ),
+    _case(
+        "unknown-policy-loss",
+        "spec.algorithm.policyLoss.lossMode",
+        "schema",
+        _set("spec.algorithm.policyLoss", {"lossMode": "ppo"}),
+    ),
+    _case(
+        "kl-cov-ratio-zero",
+        "spec.algorithm.policyLoss.klCovRatio",
+        "schema",
+        _set("spec.algorithm.policyLoss", {"lossMode": "kl_cov", "klCovRatio": 0}),
+    ),
 ]
 
 UNKNOWN_FIELD_CASES = [c for c in INVALID_CASES if "did you mean" in c.message]

@@ -17,12 +17,25 @@ def close(actual: torch.Tensor, expected: list[Any]) -> None:
     torch.testing.assert_close(actual, torch.tensor(expected, dtype=actual.dtype), atol=1e-5, rtol=1e-5)
 
 
-def test_registry_holds_the_four_estimators() -> None:
-    assert {"gae", "grpo", "rloo", "reinforce_plus_plus"} <= set(ADVANTAGE_ESTIMATORS)
+def test_registry_holds_verls_estimators() -> None:
+    assert set(ADVANTAGE_ESTIMATORS) == {
+        "gae",
+        "grpo",
+        "rloo",
+        "reinforce_plus_plus",
+        "reinforce_plus_plus_baseline",
+        "remax",
+        "opo",
+        "gpg",
+        "grpo_passk",
+    }
 
 
 def test_unknown_estimator_error_lists_known_names() -> None:
-    with pytest.raises(ValueError, match=r"'ppo'.*gae, grpo, reinforce_plus_plus, rloo"):
+    with pytest.raises(
+        ValueError,
+        match=r"'ppo'.*gae, gpg, grpo, grpo_passk, opo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo",
+    ):
         compute_advantages("ppo", torch.zeros(1, 1), torch.ones(1, 1))
 
 
@@ -184,3 +197,76 @@ def test_whitened_advantages_have_zero_mean_and_unit_std_over_valid_tokens() -> 
     valid = adv[mask.bool()]
     assert math.isclose(valid.mean().item(), 0.0, abs_tol=1e-6)
     assert math.isclose(valid.std().item(), 1.0, rel_tol=1e-5)
+
+
+# --- issue 18: reinforce_plus_plus_baseline, opo, gpg, grpo_passk, remax ---
+
+
+def outcome(scores: list[float], lengths: list[int], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rewards with each score on its response's last token, and the response mask."""
+    mask = torch.tensor([[1 if t < n else 0 for t in range(width)] for n in lengths])
+    rewards = torch.zeros(len(scores), width)
+    for i, (s, n) in enumerate(zip(scores, lengths, strict=True)):
+        rewards[i, n - 1] = s
+    return rewards, mask
+
+
+def test_reinforce_plus_plus_baseline_whitens_the_group_centred_scores_over_tokens() -> None:
+    # groups [0,0,1,1], scores [2,0,3,3] -> centred [1,−1,0,0]; one token each: mean 0, unbiased var 2/3,
+    # so ±1/√(2/3) = ±1.224745; the padded second token stays 0
+    rewards, mask = outcome([2.0, 0.0, 3.0, 3.0], [1, 1, 1, 1], 2)
+    adv, ret = compute_advantages("reinforce_plus_plus_baseline", rewards, mask, group_ids=torch.tensor([0, 0, 1, 1]))
+    close(adv, [[1.224745, 0.0], [-1.224745, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    close(ret, adv.tolist())
+
+
+def test_opo_baseline_is_the_length_weighted_group_mean() -> None:
+    # group 0: lengths 1 and 3, scores 1 and 0 -> b = (1·1 + 3·0)/4 = 0.25 -> A = [0.75, −0.25]
+    # group 1: one response of length 2 scoring 2 -> baseline 0 -> A = 2
+    rewards, mask = outcome([1.0, 0.0, 2.0], [1, 3, 2], 3)
+    adv, _ = compute_advantages("opo", rewards, mask, group_ids=torch.tensor([0, 0, 1]))
+    close(adv, [[0.75, 0.0, 0.0], [-0.25, -0.25, -0.25], [2.0, 2.0, 0.0]])
+
+
+def test_gpg_scales_centred_scores_by_batch_over_nonzero_rewards() -> None:
+    # scores [1,0,0,0]: one nonzero of 4 -> a = 4; group means 0.5 and 0 -> A = 4·[0.5, −0.5, 0, 0]
+    rewards, mask = outcome([1.0, 0.0, 0.0, 0.0], [1, 1, 1, 1], 1)
+    adv, _ = compute_advantages("gpg", rewards, mask, group_ids=torch.tensor([0, 0, 1, 1]))
+    close(adv, [[2.0], [-2.0], [0.0], [0.0]])
+
+
+def test_gpg_with_no_nonzero_reward_keeps_a_at_batch_size() -> None:
+    rewards, mask = outcome([0.0, 0.0], [1, 1], 1)
+    adv, _ = compute_advantages("gpg", rewards, mask, group_ids=torch.tensor([0, 0]))
+    close(adv, [[0.0], [0.0]])
+
+
+def test_grpo_passk_rewards_only_the_best_response_by_its_margin() -> None:
+    # group 0 scores [0, 4, 2]: best 4 (row 1), second 2 -> margin 2; group 1 [5, 5]: margin 0
+    rewards, mask = outcome([0.0, 4.0, 2.0, 5.0, 5.0], [1] * 5, 1)
+    groups = torch.tensor([0, 0, 0, 1, 1])
+    raw, _ = compute_advantages("grpo_passk", rewards, mask, group_ids=groups, norm_adv_by_std=False)
+    close(raw, [[0.0], [2.0], [0.0], [0.0], [0.0]])
+    # with std: group 0 has mean 2, unbiased var (4 + 4 + 0)/2 = 4, std 2 -> 2/(2 + 1e-6)
+    normed, _ = compute_advantages("grpo_passk", rewards, mask, group_ids=groups)
+    close(normed, [[0.0], [1.0], [0.0], [0.0], [0.0]])
+
+
+def test_grpo_passk_refuses_a_group_of_one() -> None:
+    rewards, mask = outcome([1.0, 2.0, 3.0], [1, 1, 1], 1)
+    with pytest.raises(ValueError, match=r"grpo_passk.*at least 2 responses per group"):
+        compute_advantages("grpo_passk", rewards, mask, group_ids=torch.tensor([0, 0, 1]))
+
+
+def test_remax_subtracts_the_greedy_baseline_from_the_return_to_go() -> None:
+    # row 0 rewards [0, 0, 1] -> G = [1, 1, 1], b = 0.5; row 1 rewards [0, 2 | pad] -> G = [2, 2, 0], b = 3
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    adv, ret = compute_advantages("remax", rewards, mask, reward_baselines=torch.tensor([0.5, 3.0]))
+    close(ret, [[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]])
+    close(adv, [[0.5, 0.5, 0.5], [-1.0, -1.0, 0.0]])
+
+
+def test_remax_needs_the_greedy_baselines() -> None:
+    with pytest.raises(ValueError, match=r"'remax' needs reward_baselines="):
+        compute_advantages("remax", torch.zeros(1, 1), torch.ones(1, 1))

@@ -6,6 +6,7 @@ import torch
 
 from kuberl.trainer.losses import (
     LOSS_AGG_MODES,
+    PolicyLossConfig,
     agg_loss,
     entropy_from_logits,
     log_probs_from_logits,
@@ -45,9 +46,16 @@ def test_seq_mean_token_mean_averages_per_sequence_means() -> None:
     close(agg("seq-mean-token-mean"), 2.75)  # (3/2 + 12/3)/2
 
 
-def test_seq_mean_token_sum_norm_divides_by_seqs_times_response_length() -> None:
-    close(agg("seq-mean-token-sum-norm"), 2.5)  # (3 + 12)/(2*3)
-    close(agg("seq-mean-token-sum-norm", loss_scale_factor=5.0), 1.5)  # 15/(2*5)
+def test_seq_mean_token_sum_norm_divides_the_token_sum_by_the_scale_factor_only() -> None:
+    close(agg("seq-mean-token-sum-norm"), 5.0)  # (3 + 12)/3, T = 3; no division by the 2 sequences
+    close(agg("seq-mean-token-sum-norm", loss_scale_factor=5.0), 3.0)  # 15/5
+
+
+def test_seq_mean_token_sum_norm_matches_verls_agg_loss_on_the_issue_example() -> None:
+    # verl's agg_loss gives (1+2+3+4)/3 = 3.3333 here; dividing by the 2 sequences as well gave 1.6667.
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    close(agg_loss(loss, mask, "seq-mean-token-sum-norm", batch_tokens=4, batch_seqs=2), 10 / 3)
 
 
 @pytest.mark.parametrize(
@@ -56,7 +64,7 @@ def test_seq_mean_token_sum_norm_divides_by_seqs_times_response_length() -> None
         ("token-mean", 0.6, 2.4),  # 3/5, 12/5
         ("seq-mean-token-sum", 1.5, 6.0),  # 3/2, 12/2
         ("seq-mean-token-mean", 0.75, 2.0),  # (3/2)/2, (12/3)/2
-        ("seq-mean-token-sum-norm", 0.5, 2.0),  # 3/(2*3), 12/(2*3)
+        ("seq-mean-token-sum-norm", 1.0, 4.0),  # 3/3, 12/3
     ],
 )
 def test_micro_batch_shares_sum_to_the_full_batch_loss(mode: str, first_row: float, second_row: float) -> None:
@@ -90,9 +98,9 @@ PG_MASK = torch.tensor([[1, 1, 1, 1, 0]])
 
 
 def pg(**overrides: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    kwargs = dict(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0) | overrides
+    config = PolicyLossConfig(**(dict(clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0) | overrides))
     return policy_loss(
-        OLD + RATIOS.log(), OLD, ADV, PG_MASK, agg_mode="token-mean", batch_tokens=4, batch_seqs=1, **kwargs
+        OLD + RATIOS.log(), OLD, ADV, PG_MASK, config=config, agg_mode="token-mean", batch_tokens=4, batch_seqs=1
     )
 
 
@@ -135,9 +143,7 @@ def test_policy_loss_clamps_the_log_ratio_to_20() -> None:
         torch.tensor([[-1.0]]),
         torch.tensor([[-1.0]]),
         torch.ones(1, 1),
-        clip_ratio_low=0.2,
-        clip_ratio_high=0.2,
-        clip_ratio_c=3.0,
+        config=PolicyLossConfig(),
         agg_mode="token-mean",
         batch_tokens=1,
         batch_seqs=1,

@@ -45,6 +45,22 @@ VERL_KEYS: list[tuple[str, str, str]] = [
     ("actor.loss_agg_mode", "algorithm.lossAggMode", "always normalised over the global mini-batch"),
     ("actor.entropy_coeff", "algorithm.entropyCoef", ""),
     ("critic.cliprange_value", "critic.cliprangeValue", ""),
+    ("actor.policy_loss.loss_mode", "algorithm.policyLoss.lossMode", "same names; see Algorithms"),
+    (
+        "actor.policy_loss.clip_cov_ratio / clip_cov_lb / clip_cov_ub / kl_cov_ratio / ppo_kl_coef",
+        "algorithm.policyLoss.clipCovRatio / clipCovLb / clipCovUb / klCovRatio / ppoKlCoef",
+        "",
+    ),
+    (
+        "algorithm.filter_groups.enable / metric / max_num_gen_batches",
+        "algorithm.filterGroups.enabled / metric / maxNumGenBatches",
+        "maxNumGenBatches ≥ 1: verl's 0 (unbounded) is refused",
+    ),
+    (
+        "reward_model.overlong_buffer.enable / len / penalty_factor",
+        "reward.overlongBuffer (set = enabled) .length / penaltyFactor",
+        "",
+    ),
     ("data.max_prompt_length / max_response_length", "data.maxPromptLength / maxResponseLength", ""),
     ("rollout.name", "rollout.engine", "vllm or hf"),
     ("rollout.tensor_model_parallel_size", "rollout.tensorParallelSize", "default 1 here, 2 in verl"),
@@ -89,6 +105,95 @@ BLOG_NAMES: list[tuple[str, str, str]] = [
         "in verl train_batch_size counts prompts per step; the update uses mini-batches of it",
     ),
 ]
+
+
+# Algorithms: (name, verl's config, formula). Per response i of group g: r_i its summed reward, n_g the group's
+# size, |y_i| its masked tokens; per token ρ = π/π_old. Kept in step with kuberl.trainer.advantages / losses.
+ESTIMATORS: list[tuple[str, str, str]] = [
+    (
+        "gae",
+        "adv_estimator=gae",
+        "δ_t = r_t + γV_{t+1} − V_t, A_t = δ_t + γλA_{t+1}, whitened over the batch; needs critic",
+    ),
+    ("grpo", "adv_estimator=grpo", "(r_i − mean_g)/(std_g + 1e-6); normAdvByStd false: r_i − mean_g (Dr.GRPO)"),
+    ("rloo", "adv_estimator=rloo", "n_g/(n_g − 1)·(r_i − mean_g)"),
+    ("reinforce_plus_plus", "adv_estimator=reinforce_plus_plus", "G_t = r_t + γG_{t+1}, whitened over the batch"),
+    (
+        "reinforce_plus_plus_baseline",
+        "adv_estimator=reinforce_plus_plus_baseline",
+        "r_i − mean_g on every token, whitened over the batch's tokens",
+    ),
+    (
+        "remax",
+        "adv_estimator=remax",
+        "G_t − b_i, G_t = Σ_{s≥t} r_s, b_i the reward of the greedy response to the prompt",
+    ),
+    ("opo", "adv_estimator=opo", "r_i − Σ_g |y_j|·r_j / Σ_g |y_j| (length-weighted baseline)"),
+    ("gpg", "adv_estimator=gpg", "a·(r_i − mean_g), a = B / #(r ≠ 0) over the batch of B responses"),
+    (
+        "grpo_passk",
+        "adv_estimator=grpo_passk",
+        "best response of the group: (r_max − r_second)/(std_g + 1e-6) (no std with normAdvByStd false); others 0",
+    ),
+]
+
+POLICY_LOSSES: list[tuple[str, str, str]] = [
+    (
+        "vanilla",
+        "policy_loss.loss_mode=vanilla",
+        "max(−Aρ, −A·clip(ρ, 1−ε_low, 1+ε_high)); for A < 0 also min(·, −A·clipRatioC); log ρ clamped to ±20",
+    ),
+    (
+        "gspo",
+        "policy_loss.loss_mode=gspo",
+        "s_i = exp(mean_t log ρ) per sequence (value of every token's ratio, gradient of its log π); "
+        "max(−A·s, −A·clip(s, 1−ε_low, 1+ε_high)); paper: lossAggMode seq-mean-token-mean, ε ≈ 3e-4/4e-4",
+    ),
+    ("gpg", "policy_loss.loss_mode=gpg", "−A·log π (no ratio, no clip)"),
+    (
+        "clip_cov",
+        "policy_loss.loss_mode=clip_cov",
+        "vanilla clip without dual clip; of the unclipped tokens with clipCovLb < (A − Ā)(log π − mean log π) < "
+        "clipCovUb, max(1, ⌊clipCovRatio·tokens⌋) random ones per micro-batch get weight 0",
+    ),
+    (
+        "kl_cov",
+        "policy_loss.loss_mode=kl_cov",
+        "−Aρ (no clip); the max(1, ⌊klCovRatio·tokens⌋) tokens per micro-batch of largest (A − Ā)(log π − mean "
+        "log π) add ppoKlCoef·|log ρ|",
+    ),
+    (
+        "geo_mean",
+        "policy_loss.loss_mode=geo_mean",
+        "GMPO: −Ā_i·exp(mean_t δ'), δ' = s·min(s·log ρ, s·clip(log ρ, −ε_low, ε_high)), s = sign(A); "
+        "mean over sequences whatever lossAggMode says",
+    ),
+    (
+        "cispo",
+        "policy_loss.loss_mode=cispo",
+        "−sg[clip(ρ, 1−ε_low, 1+ε_high)]·A·log π: every token keeps its gradient (MiniMax-M1 sets ε_low 1)",
+    ),
+]
+
+AGGREGATIONS: list[tuple[str, str, str]] = [
+    ("token-mean", "loss_agg_mode=token-mean", "Σ_i Σ_t L / (masked tokens of the mini-batch)"),
+    ("seq-mean-token-sum", "loss_agg_mode=seq-mean-token-sum", "Σ_i Σ_t L / (sequences of the mini-batch)"),
+    (
+        "seq-mean-token-mean",
+        "loss_agg_mode=seq-mean-token-mean",
+        "Σ_i (Σ_t L / |y_i|) / (sequences of the mini-batch)",
+    ),
+    (
+        "seq-mean-token-sum-norm",
+        "loss_agg_mode=seq-mean-token-sum-norm",
+        "Σ_i Σ_t L / data.maxResponseLength (verl's loss_scale_factor default, the response length): no division "
+        "by the sequence count, so the loss grows with the mini-batch (Dr.GRPO)",
+    ),
+]
+
+
+def _algorithm_rows(rows: list[tuple[str, str, str]]) -> list[str]:
+    return [f"| `{name}` | `{verl}` | {_cell(formula)} |" for name, verl, formula in rows]
 
 
 def _cell(text: str) -> str:
@@ -176,6 +281,43 @@ def api_markdown() -> str:
             "| verl | what verl checks, and where |",
             "|---|---|",
             *(f"| {key} | {_cell(check)} |" for key, check in VERL_CHECKS.items()),
+            "",
+            "## Algorithms",
+            "",
+            "Every estimator, policy loss and aggregation is one registered function (`kuberl.trainer.advantages`, "
+            "`kuberl.trainer.losses`) with verl's definition. Per response i of group g (the rolloutN responses to "
+            "one prompt): r_i its summed reward, |y_i| its response tokens, ρ = π/π_old per token, "
+            "ε_low/ε_high = algorithm.clipRatioLow/High. All aggregations are over the global mini-batch, so the "
+            "loss does not depend on micro-batching or the GPU count.",
+            "",
+            "### Advantage estimators (`algorithm.advantageEstimator`)",
+            "",
+            "| name | verl | advantage |",
+            "|---|---|---|",
+            *_algorithm_rows(ESTIMATORS),
+            "",
+            "### Policy losses (`algorithm.policyLoss.lossMode`)",
+            "",
+            "| name | verl | per-token loss L |",
+            "|---|---|---|",
+            *_algorithm_rows(POLICY_LOSSES),
+            "",
+            "### Loss aggregation (`algorithm.lossAggMode`)",
+            "",
+            "| name | verl | loss |",
+            "|---|---|---|",
+            *_algorithm_rows(AGGREGATIONS),
+            "",
+            "### DAPO",
+            "",
+            "DAPO (arXiv 2503.14476) is four settings: clip-higher (`clipRatioLow: 0.2`, `clipRatioHigh: 0.28`), "
+            "token-level loss (`lossAggMode: token-mean`), dynamic sampling (`algorithm.filterGroups`: groups whose "
+            "metric is equal for every response are dropped and generation repeats, at most `maxNumGenBatches` "
+            "rounds, until `trainBatchSize` prompts remain) and overlong shaping (`reward.overlongBuffer`: "
+            "−penaltyFactor·(|y| − (maxResponseLength − length))/length once a response passes "
+            "maxResponseLength − length tokens). `examples/dapo-tiny-cpu.yaml` shows a job. In this release the "
+            "trainer refuses `filterGroups.enabled`, `overlongBuffer` and the `remax` estimator at start (they need "
+            "driver support that is not in yet) rather than ignoring them.",
             "",
             "## Status",
             "",

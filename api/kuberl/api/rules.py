@@ -296,6 +296,51 @@ RULES: tuple[Rule, ...] = (
         message="every cluster.volumeMounts[].name must name a volume in cluster.volumes",
         verl="ours",
     ),
+    # --- policy losses, estimators and DAPO (issue 18) ---
+    Rule(
+        id="group-baseline-needs-group",
+        field="batch.rolloutN",
+        rule="!(self.algorithm.advantageEstimator in ['reinforce_plus_plus_baseline', 'opo', 'gpg', 'grpo_passk'])"
+        " || self.batch.rolloutN >= 2",
+        message="algorithm.advantageEstimator ${self.algorithm.advantageEstimator} takes its baseline from the other "
+        "responses to the same prompt (grpo_passk: best minus second best) but batch.rolloutN = ${self.batch.rolloutN}; "
+        "use rolloutN ≥ 2 (verl raises for grpo_passk and silently drops the baseline for the others)",
+        verl="ours",
+    ),
+    Rule(
+        id="filter-groups-needs-group",
+        field="algorithm.filterGroups.enabled",
+        rule="!self.algorithm.filterGroups.enabled || self.batch.rolloutN >= 2",
+        message="algorithm.filterGroups drops groups whose responses all score the same, but batch.rolloutN = "
+        "${self.batch.rolloutN} makes every group a single response; use rolloutN ≥ 2",
+        verl="ours",
+    ),
+    Rule(
+        id="filter-groups-metric-available",
+        field="algorithm.filterGroups.metric",
+        rule="!self.algorithm.filterGroups.enabled || !has(self.reward.model)"
+        " || self.algorithm.filterGroups.metric in ['seq_reward', 'seq_final_reward']",
+        message="algorithm.filterGroups.metric ${self.algorithm.filterGroups.metric} is read from the reward "
+        "function's dict output, but reward.model scores without one; use seq_reward or seq_final_reward",
+        verl="ours",
+    ),
+    Rule(
+        id="overlong-buffer-within-response",
+        field="reward.overlongBuffer.length",
+        rule="!has(self.reward.overlongBuffer) || self.reward.overlongBuffer.length < self.data.maxResponseLength",
+        message="reward.overlongBuffer.length = ${self.reward.overlongBuffer.length} must be below "
+        "data.maxResponseLength = ${self.data.maxResponseLength}: the penalty ramps over the last length tokens",
+        verl="ours",
+    ),
+    Rule(
+        id="clip-cov-bounds-ordered",
+        field="algorithm.policyLoss.clipCovLb",
+        rule="self.algorithm.policyLoss.lossMode != 'clip_cov'"
+        " || self.algorithm.policyLoss.clipCovLb < self.algorithm.policyLoss.clipCovUb",
+        message="algorithm.policyLoss.clipCovLb = ${self.algorithm.policyLoss.clipCovLb} must be below clipCovUb = "
+        "${self.algorithm.policyLoss.clipCovUb}: no token could be detached",
+        verl="ours",
+    ),
     Rule(
         id="name-fits-kuberay",
         field="metadata.name",

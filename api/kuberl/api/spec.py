@@ -99,9 +99,73 @@ class KL(SpecModel):
     loss: KLLoss = Field(default_factory=KLLoss, description="KL as a loss term of the actor.")
 
 
+# --- algorithm: policy losses and DAPO (issue 18) ------------------------------------
+
+AdvantageEstimatorName = Literal[
+    "gae",
+    "grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "opo",
+    "gpg",
+    "grpo_passk",
+]
+PolicyLossMode = Literal["vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo"]
+FilterMetric = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+class PolicyLoss(SpecModel):
+    loss_mode: PolicyLossMode = Field(
+        "vanilla",
+        description="Policy loss by verl's name: vanilla (PPO clip + dual clip), gspo, gpg, clip_cov, kl_cov, "
+        "geo_mean (GMPO), cispo. gspo, geo_mean and cispo read algorithm.clipRatioLow/High as their bounds.",
+    )
+    clip_cov_ratio: float = Field(
+        0.0002, gt=0, le=1, description="clip_cov: share of a micro-batch's tokens whose gradient is detached."
+    )
+    clip_cov_lb: float = Field(
+        1.0, ge=-1e6, le=1e6, description="clip_cov: lower covariance bound of the tokens that may be detached."
+    )
+    clip_cov_ub: float = Field(
+        5.0, ge=-1e6, le=1e6, description="clip_cov: upper covariance bound of the tokens that may be detached."
+    )
+    kl_cov_ratio: float = Field(
+        0.0002, gt=0, le=1, description="kl_cov: share of a micro-batch's tokens that get the KL penalty."
+    )
+    ppo_kl_coef: float = Field(0.1, ge=0, le=100, description="kl_cov: coefficient of |log ratio| on those tokens.")
+
+
+class FilterGroups(SpecModel):
+    enabled: bool = Field(
+        False,
+        description="DAPO dynamic sampling: drop groups whose metric is equal for every response, generate again "
+        "until batch.trainBatchSize prompts remain.",
+    )
+    metric: FilterMetric = Field(
+        "seq_reward",
+        description="Per-response value compared within a group: seq_reward (the reward score, with the overlong "
+        "penalty), seq_final_reward (after the KL-in-reward penalty), or a key of the reward function's dict "
+        "output such as acc (DAPO's choice).",
+    )
+    max_num_gen_batches: int = Field(
+        10,
+        ge=1,
+        le=1000,
+        description="Generation rounds per step at most; the step fails when fewer groups survive (verl's 0 = "
+        "unbounded is not offered).",
+    )
+
+
+# --- algorithm ---------------------------------------------------------------------
+
+
 class Algorithm(SpecModel):
-    advantage_estimator: Literal["gae", "grpo", "rloo", "reinforce_plus_plus"] = Field(
-        "gae", description="Advantage estimator; gae needs a critic, grpo and rloo need rolloutN ≥ 2."
+    advantage_estimator: AdvantageEstimatorName = Field(
+        "gae",
+        description="Advantage estimator; gae needs a critic, the group estimators need rolloutN ≥ 2 "
+        "(see docs/api.md, Algorithms).",
     )
     norm_adv_by_std: bool = Field(True, description="GRPO: divide by the group's standard deviation (false = Dr.GRPO).")
     gamma: float = Field(1.0, ge=0, le=1, description="Discount factor.")
@@ -116,6 +180,10 @@ class Algorithm(SpecModel):
     )
     entropy_coef: float = Field(0.0, ge=0, le=1, description="Entropy bonus coefficient (verl's default is 0).")
     kl: KL = Field(default_factory=KL, description="KL regularisation against the reference policy.")
+    policy_loss: PolicyLoss = Field(default_factory=PolicyLoss, description="Which policy loss, and its knobs.")
+    filter_groups: FilterGroups = Field(
+        default_factory=FilterGroups, description="DAPO dynamic sampling (verl's algorithm.filter_groups)."
+    )
 
 
 # --- data and reward ---------------------------------------------------------------
@@ -148,6 +216,15 @@ class RewardModel(SpecModel):
     max_length: int = Field(2048, ge=1, le=262144, description="Tokens of prompt + response the reward model reads.")
 
 
+class OverlongBuffer(SpecModel):
+    length: int = Field(
+        ge=1,
+        le=131072,
+        description="Tokens before data.maxResponseLength where the penalty ramps up (DAPO's L_cache).",
+    )
+    penalty_factor: float = Field(1.0, ge=0, le=100, description="Penalty at data.maxResponseLength tokens.")
+
+
 class Reward(SpecModel):
     function: Annotated[str, Field(min_length=1, max_length=256)] = Field(
         "default",
@@ -155,6 +232,11 @@ class Reward(SpecModel):
         "signature (data_source, solution_str, ground_truth, extra_info) returning a float or a dict with score.",
     )
     model: RewardModel | None = Field(None, description="Score with a reward model instead of a function.")
+    overlong_buffer: OverlongBuffer | None = Field(
+        None,
+        description="DAPO's soft overlong punishment: subtract a penalty rising linearly from 0 to penaltyFactor "
+        "over the last length tokens of data.maxResponseLength.",
+    )
 
 
 # --- batch -------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from kuberl.trainer.metrics import MetricsLogger, Timer
 from kuberl.trainer.microbatch import Rows, concat, shard_mini_batches, shard_rows, slice_rows
 from kuberl.trainer.rewards import RewardInput, load_reward_function, score_batch
 from kuberl.trainer.status_reporter import StatusReporter
+from kuberl.trainer.unwired import refuse_unwired
 
 log = logging.getLogger("kuberl.trainer")
 
@@ -69,6 +70,7 @@ class Trainer:
         self.address = address
         self.steps_override = steps
         self.show_progress = show_progress
+        refuse_unwired(spec)
         self.plan = plan_batches(spec)
         self.dp = self.plan.trainer_gpus
         algo = spec.algorithm

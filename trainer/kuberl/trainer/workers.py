@@ -330,7 +330,7 @@ class ActorWorker(DistributedWorker):
         multiplied by the rank count before backward.
         """
         from kuberl.trainer.kl import kl_penalty
-        from kuberl.trainer.losses import agg_loss, policy_loss
+        from kuberl.trainer.losses import PolicyLossConfig, agg_loss, policy_loss
 
         spec, algo = self.spec, self.spec.algorithm
         batch = spec.batch
@@ -363,9 +363,7 @@ class ActorWorker(DistributedWorker):
                         mb["old_log_probs"],
                         mb["advantages"],
                         mask,
-                        clip_ratio_low=algo.clip_ratio_low,
-                        clip_ratio_high=algo.clip_ratio_high,
-                        clip_ratio_c=algo.clip_ratio_c,
+                        config=PolicyLossConfig.from_spec(algo),
                         agg_mode=algo.loss_agg_mode,
                         **agg,
                     )
