@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kuberl.api.documents import Checked, check, load_documents
+from kuberl.api.overrides import add_set_argument
 
 CRD_PATHS = (Path("crds/rljob.yaml"), Path("charts/kuberl/crds/rljob.yaml"))
 """The CRD and the Helm chart's copy of it, written together so they never differ."""
@@ -20,10 +21,15 @@ DOCS_PATH = Path("docs/api.md")
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from kuberl.api.documents import is_other_kind
+    from kuberl.api.overrides import apply_overrides
+
     results: list[Checked] = []
     for path in args.files:
         try:
-            results += [check(source, doc) for source, doc in load_documents(path)]
+            for source, doc in load_documents(path):
+                rljob = doc if is_other_kind(doc) or not args.set else apply_overrides(doc, args.set)
+                results.append(check(source, rljob))
         except (OSError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -32,10 +38,16 @@ def _validate(args: argparse.Namespace) -> int:
     else:
         for result in results:
             print(_as_text(result))
-    return 0 if all(r.valid for r in results) else 1
+    checked = [r for r in results if r.skipped_kind is None]
+    if not checked:
+        print("error: no RLJob document in " + ", ".join(args.files), file=sys.stderr)
+        return 2
+    return 0 if all(r.valid for r in checked) else 1
 
 
 def _as_json(result: Checked) -> dict[str, Any]:
+    if result.skipped_kind is not None:
+        return {"source": result.source, "name": result.name, "skipped": result.skipped_kind}
     return {
         "source": result.source,
         "name": result.name,
@@ -45,23 +57,33 @@ def _as_json(result: Checked) -> dict[str, Any]:
     }
 
 
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """`1 issue`, `2 issues`."""
+    return f"{count} {noun if count == 1 else (many or noun + 's')}"
+
+
 def _as_text(result: Checked) -> str:
+    if result.skipped_kind is not None:
+        return f"{result.source}: {result.skipped_kind} {result.name} skipped (not an RLJob)"
     if not result.valid:
-        lines = [f"{result.source}: RLJob {result.name} is invalid ({len(result.issues)} issues)"]
+        lines = [f"{result.source}: RLJob {result.name} is invalid ({plural(len(result.issues), 'issue')})"]
         lines += [f"  {issue.field}: {issue.message}  [{issue.rule}]" for issue in result.issues]
         return "\n".join(lines)
     assert result.plan is not None
     p = result.plan
+    unit = "GPU" if result.device == "cuda" else "rank"
     accumulation = p.gradient_accumulation_steps if p.gradient_accumulation_steps else "by token budget"
+    mini_batches = plural(p.mini_batches_per_step, "mini-batch", "mini-batches")
+    trainers = "trainer GPUs (data-parallel ranks)" if result.device == "cuda" else "trainer ranks (CPU processes)"
     rows = [
-        ("trainer GPUs (data-parallel ranks)", p.trainer_gpus),
-        ("rollout GPUs / engines", f"{p.rollout_gpus} / {p.rollout_engines}"),
+        (trainers, p.trainer_gpus),
+        (f"rollout {unit}s / engines", f"{p.rollout_gpus} / {p.rollout_engines}"),
         ("responses per step", p.responses_per_step),
-        ("optimizer steps per step", f"{p.optimizer_steps_per_step} ({p.mini_batches_per_step} mini-batches × epochs)"),
+        ("optimizer steps per step", f"{p.optimizer_steps_per_step} ({mini_batches} × ppoEpochs)"),
         ("responses per mini-batch", p.responses_per_mini_batch),
-        ("rows per GPU per step", p.rows_per_gpu_per_step),
-        ("rows per GPU per mini-batch", p.rows_per_gpu_per_mini_batch),
-        ("micro-batch per GPU", p.micro_batch_size_per_gpu or "dynamic"),
+        (f"rows per {unit} per step", p.rows_per_gpu_per_step),
+        (f"rows per {unit} per mini-batch", p.rows_per_gpu_per_mini_batch),
+        (f"micro-batch per {unit}", p.micro_batch_size_per_gpu or "dynamic"),
         ("gradient-accumulation steps", accumulation),
     ]
     width = max(len(k) for k, _ in rows)
@@ -113,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     validate = sub.add_parser("validate", help="check RLJob manifests offline with the admission rules")
     validate.add_argument("files", nargs="+", help="YAML files, multi-document allowed")
-    validate.add_argument("--output", "-o", choices=["text", "json"], default="text")
+    validate.add_argument("--output", "-o", choices=["text", "json"], default="text", help="report format")
+    add_set_argument(validate)
     validate.set_defaults(func=_validate)
 
     crd = sub.add_parser("crd", help="write the RLJob CRD generated from the spec models and rules")

@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from kuberl.api.overrides import add_set_argument
+
 Handler = Callable[[argparse.Namespace], int]
 
 DATA_TASKS = ("gsm8k-synth", "digits")
@@ -22,6 +24,7 @@ def add_commands(sub: argparse._SubParsersAction, make_handler: Callable[[str], 
     run_p.add_argument("--address", help="join this Ray cluster (ray start / Slurm) instead of starting one")
     run_p.add_argument("--run-dir", help="metrics, plots and logs (default runs/<rljob name>/)")
     run_p.add_argument("--steps", type=int, help="override trainer.totalSteps")
+    add_set_argument(run_p)
     run_p.add_argument("--no-progress", action="store_true", help="no progress bar (summary lines only)")
     run_p.set_defaults(func=make_handler("run"))
 
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from kuberl.api import InvalidSpec, load_rljob
 
     try:
-        name, spec = load_rljob(args.file)
+        name, spec = load_rljob(args.file, args.set)
     except InvalidSpec as exc:
         print_invalid(exc, args.file, rljob_name(args.file))
         return 1
