@@ -116,6 +116,55 @@ def _docs(args: argparse.Namespace) -> int:
     return _write_or_check([Path(args.output)], api_markdown(), args.check, "docs")
 
 
+def _import_verl(args: argparse.Namespace) -> int:
+    import yaml
+
+    from kuberl.api import yaml12
+    from kuberl.api.verl import VerlInputError, flatten, overrides_from_script, parse_overrides, to_rljob
+
+    verl: dict[str, Any] = {}
+    try:
+        for item in args.inputs:
+            if "=" in item and not Path(item).exists():
+                verl.update(parse_overrides([item]))
+                continue
+            text = sys.stdin.read() if item == "-" else Path(item).read_text()
+            try:
+                loaded = yaml12.load(text)
+            except yaml.YAMLError:
+                loaded = None
+            verl.update(flatten(loaded) if isinstance(loaded, dict) else overrides_from_script(text))
+    except OSError as exc:
+        print(f"error: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except VerlInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not verl:
+        print("error: no verl keys found (expected key=value overrides or a verl YAML)", file=sys.stderr)
+        return 2
+    try:
+        imported = to_rljob(verl, args.name)
+    except VerlInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    text = yaml.safe_dump(imported.document, sort_keys=False)
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    for key, value, reason in imported.unmapped:
+        print(f"not imported: {key}={value!r}: {reason}", file=sys.stderr)
+    for note in imported.notes:
+        print(f"note: {note}", file=sys.stderr)
+    result = check(args.output if args.output != "-" else "<import>", imported.document)
+    if not result.valid:
+        print(_as_text(result), file=sys.stderr)
+        return 1
+    return 0
+
+
 def _trainer_command(name: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
@@ -138,6 +187,22 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--output", "-o", choices=["text", "json"], default="text", help="report format")
     add_set_argument(validate)
     validate.set_defaults(func=_validate)
+
+    import_verl = sub.add_parser(
+        "import-verl",
+        help="turn a verl run (its key=value overrides, a launch script, or a verl YAML) into an RLJob",
+        description="Maps verl's keys through the table in docs/api.md; keys with no RLJob equivalent are listed "
+        "with the reason. The RLJob is validated; exit 1 when it needs edits.",
+    )
+    import_verl.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="a verl launch script or YAML file ('-' for stdin), or key=value overrides applied in order",
+    )
+    import_verl.add_argument("--output", "-o", default="-", help="where the RLJob YAML goes ('-' = stdout)")
+    import_verl.add_argument("--name", help="metadata.name (default: trainer.experiment_name, else verl-import)")
+    import_verl.set_defaults(func=_import_verl)
 
     crd = sub.add_parser("crd", help="write the RLJob CRD generated from the spec models and rules")
     crd.add_argument("--output", help="one file instead of crds/ and the chart's crds/")

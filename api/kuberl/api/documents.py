@@ -57,11 +57,19 @@ def is_other_kind(doc: Any) -> bool:
     return isinstance(doc.get("kind"), str) and group != GROUP
 
 
+def looks_like_verl(doc: Any) -> bool:
+    """A verl YAML (its top-level sections, no kind) given where an RLJob is expected."""
+    return isinstance(doc, dict) and "kind" not in doc and "actor_rollout_ref" in doc
+
+
 def check(source: str, doc: Any) -> Checked:
     metadata = doc.get("metadata") if isinstance(doc, dict) else None
     name = str(metadata.get("name", "?")) if isinstance(metadata, dict) else "?"
     if is_other_kind(doc):
         return Checked(source, name, skipped_kind=f"{doc.get('apiVersion', '?')} {doc['kind']}")
+    if looks_like_verl(doc):
+        hint = "a verl config, not an RLJob: `kuberl import-verl FILE` converts it (mapping: docs/api.md)"
+        return Checked(source, name, [Issue("", hint, "verl")])
     result = Checked(source, name, validate_document(doc))
     if result.valid:
         spec = RLJobSpec.model_validate(doc["spec"])

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from kuberl.api import celfuncs
 from kuberl.api.rules import RULES, Rule
 from kuberl.api.spec import API_VERSION, KIND, RLJobSpec
+from kuberl.api.verl import suggestion_for
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,9 @@ def _did_you_mean(model: type[BaseModel], loc: list[str]) -> str:
             return ""
     if not (isinstance(current, type) and issubclass(current, BaseModel)):
         return ""
+    verl_field = suggestion_for(loc)
+    if verl_field is not None:
+        return f"; did you mean 'spec.{verl_field}'? (a verl name; docs/api.md maps verl's keys, `kuberl import-verl` converts)"
     names = [f.alias or n for n, f in current.model_fields.items()]
     python_name = current.model_fields.get(loc[-1])
     if python_name is not None and python_name.alias:
