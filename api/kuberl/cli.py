@@ -148,7 +148,7 @@ def _import_verl(args: argparse.Namespace) -> int:
     except VerlInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    text = yaml.safe_dump(imported.document, sort_keys=False)
+    text = yaml12.dump(imported.document)
     if args.output == "-":
         sys.stdout.write(text)
     else:

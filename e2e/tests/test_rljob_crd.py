@@ -161,13 +161,14 @@ def test_kuberl_validate_and_the_apiserver_give_the_same_verdict(
     cluster: Cluster, rljob_crd: dict, dry_run_namespace: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
     """Offline = server on the examples, the invalid cases and every generated mutation of them."""
+    from kuberl.api import yaml12
     from kuberl.cli import main
     from tests.api.cases import INVALID_CASES
     from tests.api.mutations import all_documents
 
     docs = all_documents() + [(f"case:{c.name}", c.document) for c in INVALID_CASES]
     manifests = tmp_path / "all.yaml"
-    manifests.write_text(yaml.safe_dump_all([d for _, d in docs], sort_keys=False))
+    manifests.write_text(yaml12.dump_all([d for _, d in docs]))  # quotes '1e-06' as kubectl would need
     main(["validate", "-o", "json", str(manifests)])
     offline = [r["valid"] for r in json.loads(capsys.readouterr().out)]
     assert len(offline) == len(docs)

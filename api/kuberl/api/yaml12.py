@@ -16,11 +16,8 @@ class ManifestLoader(yaml.SafeLoader):
     """SafeLoader plus YAML 1.2 floats without a dot (`1e-6`, `5E3`)."""
 
 
-ManifestLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
+_FLOAT_12 = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+ManifestLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789"))
 
 
 def load(text: str) -> Any:
@@ -29,3 +26,18 @@ def load(text: str) -> Any:
 
 def load_all(text: str) -> list[Any]:
     return list(yaml.load_all(text, Loader=ManifestLoader))  # a SafeLoader subclass
+
+
+class ManifestDumper(yaml.SafeDumper):
+    """SafeDumper that quotes strings the ManifestLoader would read as numbers (`'1e-06'`)."""
+
+
+ManifestDumper.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789"))
+
+
+def dump_all(documents: list[Any]) -> str:
+    return yaml.dump_all(documents, Dumper=ManifestDumper, sort_keys=False, allow_unicode=True)
+
+
+def dump(document: Any) -> str:
+    return yaml.dump(document, Dumper=ManifestDumper, sort_keys=False, allow_unicode=True)
