@@ -91,11 +91,26 @@ def _as_text(result: Checked) -> str:
 
 
 def _write_or_check(paths: list[Path], content: str, check_only: bool, command: str) -> int:
-    stale = [p for p in paths if not p.exists() or p.read_text() != content]
+    if paths == [Path("-")]:
+        if check_only:
+            print("error: --check compares files; it cannot check '-' (stdout)", file=sys.stderr)
+            return 2
+        sys.stdout.write(content)
+        return 0
     if check_only:
+        missing = [p for p in paths if not p.exists()]
+        stale = [p for p in paths if p.exists() and p.read_text() != content]
+        for path in missing:
+            print(
+                f"{path.resolve()} does not exist: run `kuberl {command}` in the repository root, "
+                "or name the file with --output",
+                file=sys.stderr,
+            )
         for path in stale:
             print(f"{path} is stale: run `kuberl {command}`", file=sys.stderr)
-        return 1 if stale else 0
+        if not missing and not stale:
+            print("up to date: " + ", ".join(map(str, paths)), file=sys.stderr)
+        return 1 if missing or stale else 0
     for path in paths:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
@@ -178,8 +193,18 @@ def _trainer_command(name: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kuberl")
+    except PackageNotFoundError:
+        return "unknown (not installed as a package)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kuberl", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     validate = sub.add_parser("validate", help="check RLJob manifests offline with the admission rules")
@@ -205,12 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
     import_verl.set_defaults(func=_import_verl)
 
     crd = sub.add_parser("crd", help="write the RLJob CRD generated from the spec models and rules")
-    crd.add_argument("--output", help="one file instead of crds/ and the chart's crds/")
+    crd.add_argument("--output", "-o", help="one file ('-' = stdout) instead of crds/ and the chart's crds/")
     crd.add_argument("--check", action="store_true", help="exit 1 if the file is stale instead of writing it")
     crd.set_defaults(func=_crd)
 
     docs = sub.add_parser("docs", help="write docs/api.md generated from the spec models and rules")
-    docs.add_argument("--output", default=str(DOCS_PATH))
+    docs.add_argument("--output", "-o", default=str(DOCS_PATH), help="where the Markdown goes ('-' = stdout)")
     docs.add_argument("--check", action="store_true", help="exit 1 if the file is stale instead of writing it")
     docs.set_defaults(func=_docs)
 

@@ -153,3 +153,24 @@ def test_cpu_job_reports_ranks_not_gpus(capsys: pytest.CaptureFixture[str]) -> N
     assert main(["validate", str(ROOT / "examples/tiny-cpu.yaml")]) == 0
     out = capsys.readouterr().out
     assert "trainer ranks (CPU processes)" in out and "GPU" not in out
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("kuberl ")
+
+
+def test_crd_output_dash_writes_to_stdout(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["crd", "--output", "-"]) == 0
+    assert "kind: CustomResourceDefinition" in capsys.readouterr().out and not (tmp_path / "-").exists()
+
+
+def test_crd_check_outside_the_repo_says_the_file_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["crd", "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "crds/rljob.yaml does not exist" in err and "stale" not in err
