@@ -259,9 +259,14 @@ def data(args: argparse.Namespace) -> int:
 
 
 def stats(args: argparse.Namespace) -> int:
+    from kuberl.trainer.data import DataError
     from kuberl.trainer.models import load_tokenizer
     from kuberl.trainer.stats import format_report, length_stats
 
-    report = length_stats(args.files, load_tokenizer(args.tokenizer), args.prompt_key)
+    try:
+        report = length_stats(args.files, load_tokenizer(args.tokenizer), args.prompt_key)
+    except (DataError, OSError, ValueError, KeyError) as exc:  # a missing file or model: a message, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(format_report(report))
     return 0
