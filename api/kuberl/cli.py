@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kuberl.api.documents import Checked, check, load_documents
+from kuberl.api.overrides import add_set_argument
 
 CRD_PATHS = (Path("crds/rljob.yaml"), Path("charts/kuberl/crds/rljob.yaml"))
 """The CRD and the Helm chart's copy of it, written together so they never differ."""
@@ -20,10 +21,15 @@ DOCS_PATH = Path("docs/api.md")
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from kuberl.api.documents import is_other_kind
+    from kuberl.api.overrides import apply_overrides
+
     results: list[Checked] = []
     for path in args.files:
         try:
-            results += [check(source, doc) for source, doc in load_documents(path)]
+            for source, doc in load_documents(path):
+                rljob = doc if is_other_kind(doc) or not args.set else apply_overrides(doc, args.set)
+                results.append(check(source, rljob))
         except (OSError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -32,10 +38,16 @@ def _validate(args: argparse.Namespace) -> int:
     else:
         for result in results:
             print(_as_text(result))
-    return 0 if all(r.valid for r in results) else 1
+    checked = [r for r in results if r.skipped_kind is None]
+    if not checked:
+        print("error: no RLJob document in " + ", ".join(args.files), file=sys.stderr)
+        return 2
+    return 0 if all(r.valid for r in checked) else 1
 
 
 def _as_json(result: Checked) -> dict[str, Any]:
+    if result.skipped_kind is not None:
+        return {"source": result.source, "name": result.name, "skipped": result.skipped_kind}
     return {
         "source": result.source,
         "name": result.name,
@@ -45,23 +57,33 @@ def _as_json(result: Checked) -> dict[str, Any]:
     }
 
 
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """`1 issue`, `2 issues`."""
+    return f"{count} {noun if count == 1 else (many or noun + 's')}"
+
+
 def _as_text(result: Checked) -> str:
+    if result.skipped_kind is not None:
+        return f"{result.source}: {result.skipped_kind} {result.name} skipped (not an RLJob)"
     if not result.valid:
-        lines = [f"{result.source}: RLJob {result.name} is invalid ({len(result.issues)} issues)"]
+        lines = [f"{result.source}: RLJob {result.name} is invalid ({plural(len(result.issues), 'issue')})"]
         lines += [f"  {issue.field}: {issue.message}  [{issue.rule}]" for issue in result.issues]
         return "\n".join(lines)
     assert result.plan is not None
     p = result.plan
+    unit = "GPU" if result.device == "cuda" else "rank"
     accumulation = p.gradient_accumulation_steps if p.gradient_accumulation_steps else "by token budget"
+    mini_batches = plural(p.mini_batches_per_step, "mini-batch", "mini-batches")
+    trainers = "trainer GPUs (data-parallel ranks)" if result.device == "cuda" else "trainer ranks (CPU processes)"
     rows = [
-        ("trainer GPUs (data-parallel ranks)", p.trainer_gpus),
-        ("rollout GPUs / engines", f"{p.rollout_gpus} / {p.rollout_engines}"),
+        (trainers, p.trainer_gpus),
+        (f"rollout {unit}s / engines", f"{p.rollout_gpus} / {p.rollout_engines}"),
         ("responses per step", p.responses_per_step),
-        ("optimizer steps per step", f"{p.optimizer_steps_per_step} ({p.mini_batches_per_step} mini-batches × epochs)"),
+        ("optimizer steps per step", f"{p.optimizer_steps_per_step} ({mini_batches} × ppoEpochs)"),
         ("responses per mini-batch", p.responses_per_mini_batch),
-        ("rows per GPU per step", p.rows_per_gpu_per_step),
-        ("rows per GPU per mini-batch", p.rows_per_gpu_per_mini_batch),
-        ("micro-batch per GPU", p.micro_batch_size_per_gpu or "dynamic"),
+        (f"rows per {unit} per step", p.rows_per_gpu_per_step),
+        (f"rows per {unit} per mini-batch", p.rows_per_gpu_per_mini_batch),
+        (f"micro-batch per {unit}", p.micro_batch_size_per_gpu or "dynamic"),
         ("gradient-accumulation steps", accumulation),
     ]
     width = max(len(k) for k, _ in rows)
@@ -69,11 +91,26 @@ def _as_text(result: Checked) -> str:
 
 
 def _write_or_check(paths: list[Path], content: str, check_only: bool, command: str) -> int:
-    stale = [p for p in paths if not p.exists() or p.read_text() != content]
+    if paths == [Path("-")]:
+        if check_only:
+            print("error: --check compares files; it cannot check '-' (stdout)", file=sys.stderr)
+            return 2
+        sys.stdout.write(content)
+        return 0
     if check_only:
+        missing = [p for p in paths if not p.exists()]
+        stale = [p for p in paths if p.exists() and p.read_text() != content]
+        for path in missing:
+            print(
+                f"{path.resolve()} does not exist: run `kuberl {command}` in the repository root, "
+                "or name the file with --output",
+                file=sys.stderr,
+            )
         for path in stale:
             print(f"{path} is stale: run `kuberl {command}`", file=sys.stderr)
-        return 1 if stale else 0
+        if not missing and not stale:
+            print("up to date: " + ", ".join(map(str, paths)), file=sys.stderr)
+        return 1 if missing or stale else 0
     for path in paths:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
@@ -94,6 +131,55 @@ def _docs(args: argparse.Namespace) -> int:
     return _write_or_check([Path(args.output)], api_markdown(), args.check, "docs")
 
 
+def _import_verl(args: argparse.Namespace) -> int:
+    import yaml
+
+    from kuberl.api import yaml12
+    from kuberl.api.verl import VerlInputError, flatten, overrides_from_script, parse_overrides, to_rljob
+
+    verl: dict[str, Any] = {}
+    try:
+        for item in args.inputs:
+            if "=" in item and not Path(item).exists():
+                verl.update(parse_overrides([item]))
+                continue
+            text = sys.stdin.read() if item == "-" else Path(item).read_text()
+            try:
+                loaded = yaml12.load(text)
+            except yaml.YAMLError:
+                loaded = None
+            verl.update(flatten(loaded) if isinstance(loaded, dict) else overrides_from_script(text))
+    except OSError as exc:
+        print(f"error: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except VerlInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not verl:
+        print("error: no verl keys found (expected key=value overrides or a verl YAML)", file=sys.stderr)
+        return 2
+    try:
+        imported = to_rljob(verl, args.name)
+    except VerlInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    text = yaml12.dump(imported.document)
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    for key, value, reason in imported.unmapped:
+        print(f"not imported: {key}={value!r}: {reason}", file=sys.stderr)
+    for note in imported.notes:
+        print(f"note: {note}", file=sys.stderr)
+    result = check(args.output if args.output != "-" else "<import>", imported.document)
+    if not result.valid:
+        print(_as_text(result), file=sys.stderr)
+        return 1
+    return 0
+
+
 def _trainer_command(name: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
@@ -107,22 +193,49 @@ def _trainer_command(name: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kuberl")
+    except PackageNotFoundError:
+        return "unknown (not installed as a package)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kuberl", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     validate = sub.add_parser("validate", help="check RLJob manifests offline with the admission rules")
     validate.add_argument("files", nargs="+", help="YAML files, multi-document allowed")
-    validate.add_argument("--output", "-o", choices=["text", "json"], default="text")
+    validate.add_argument("--output", "-o", choices=["text", "json"], default="text", help="report format")
+    add_set_argument(validate)
     validate.set_defaults(func=_validate)
 
+    import_verl = sub.add_parser(
+        "import-verl",
+        help="turn a verl run (its key=value overrides, a launch script, or a verl YAML) into an RLJob",
+        description="Maps verl's keys through the table in docs/api.md; keys with no RLJob equivalent are listed "
+        "with the reason. The RLJob is validated; exit 1 when it needs edits.",
+    )
+    import_verl.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="a verl launch script or YAML file ('-' for stdin), or key=value overrides applied in order",
+    )
+    import_verl.add_argument("--output", "-o", default="-", help="where the RLJob YAML goes ('-' = stdout)")
+    import_verl.add_argument("--name", help="metadata.name (default: trainer.experiment_name, else verl-import)")
+    import_verl.set_defaults(func=_import_verl)
+
     crd = sub.add_parser("crd", help="write the RLJob CRD generated from the spec models and rules")
-    crd.add_argument("--output", help="one file instead of crds/ and the chart's crds/")
+    crd.add_argument("--output", "-o", help="one file ('-' = stdout) instead of crds/ and the chart's crds/")
     crd.add_argument("--check", action="store_true", help="exit 1 if the file is stale instead of writing it")
     crd.set_defaults(func=_crd)
 
     docs = sub.add_parser("docs", help="write docs/api.md generated from the spec models and rules")
-    docs.add_argument("--output", default=str(DOCS_PATH))
+    docs.add_argument("--output", "-o", default=str(DOCS_PATH), help="where the Markdown goes ('-' = stdout)")
     docs.add_argument("--check", action="store_true", help="exit 1 if the file is stale instead of writing it")
     docs.set_defaults(func=_docs)
 

@@ -14,6 +14,7 @@ Contract with the API (skipped with the reason until it exists):
 from __future__ import annotations
 
 import copy
+import json
 import re
 import uuid
 from collections.abc import Iterator
@@ -142,3 +143,40 @@ def test_invalid_case_is_refused_with_the_validator_message(
         f"{case.name}: the server's refusal carries neither the validator's message nor a schema error on "
         f"{case.field}\n  python: {[i.message for i in on_field]}\n  server: {server.strip()}"
     )
+
+
+def _server_verdicts(cluster: Cluster, namespace: str, docs: list[tuple[str, dict]]) -> dict[str, tuple[bool, str]]:
+    """POST each document as a server-side dry run with strict field validation: id → (admitted, refusal)."""
+    from kuberl.api import API_VERSION, PLURAL
+
+    path = f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}?dryRun=All&fieldValidation=Strict"
+    verdicts = {}
+    for name, doc in docs:
+        status, body = cluster.request("POST", path, doc)
+        verdicts[name] = (status == 201, "" if status == 201 else json.loads(body).get("message", str(body)))
+    return verdicts
+
+
+def test_kuberl_validate_and_the_apiserver_give_the_same_verdict(
+    cluster: Cluster, rljob_crd: dict, dry_run_namespace: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """Offline = server on the examples, the invalid cases and every generated mutation of them."""
+    from kuberl.api import yaml12
+    from kuberl.cli import main
+    from tests.api.cases import INVALID_CASES
+    from tests.api.mutations import all_documents
+
+    docs = all_documents() + [(f"case:{c.name}", c.document) for c in INVALID_CASES]
+    manifests = tmp_path / "all.yaml"
+    manifests.write_text(yaml12.dump_all([d for _, d in docs]))  # quotes '1e-06' as kubectl would need
+    main(["validate", "-o", "json", str(manifests)])
+    offline = [r["valid"] for r in json.loads(capsys.readouterr().out)]
+    assert len(offline) == len(docs)
+    server = _server_verdicts(cluster, dry_run_namespace, docs)
+    disagreements = [
+        f"{name}: kuberl validate says {'valid' if ok else 'invalid'}, the apiserver "
+        + ("admits it" if server[name][0] else f"refuses it: {server[name][1][:300]}")
+        for (name, _), ok in zip(docs, offline, strict=True)
+        if ok != server[name][0]
+    ]
+    assert not disagreements, f"{len(disagreements)} of {len(docs)} disagree:\n" + "\n".join(disagreements[:40])

@@ -60,3 +60,117 @@ def test_crd_check_detects_a_stale_file(tmp_path: Path) -> None:
     assert main(["crd", "--check", "--output", str(stale)]) == 1
     assert main(["crd", "--output", str(stale)]) == 0
     assert main(["crd", "--check", "--output", str(stale)]) == 0
+
+
+def _write(tmp_path: Path, *docs: object, name: str = "job.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump_all(list(docs), sort_keys=False))
+    return str(path)
+
+
+def test_snake_case_field_is_refused_with_its_wire_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = copy.deepcopy(BASE)
+    doc["spec"]["trainer"] = {"total_steps": 40}
+    assert main(["validate", _write(tmp_path, doc)]) == 1
+    assert "spec.trainer.total_steps: unknown field; did you mean 'totalSteps'?" in capsys.readouterr().out
+
+
+def test_number_written_as_a_string_is_refused_as_the_apiserver_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = copy.deepcopy(BASE)
+    doc["spec"]["batch"]["trainBatchSize"] = "64"
+    assert main(["validate", _write(tmp_path, doc)]) == 1
+    assert "spec.batch.trainBatchSize: Input should be a valid integer" in capsys.readouterr().out
+
+
+def test_other_kinds_are_skipped_and_the_rljob_validated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "data"}, "spec": {}}
+    assert main(["validate", _write(tmp_path, claim, BASE)]) == 0
+    out = capsys.readouterr().out
+    assert "job.yaml#1: v1 PersistentVolumeClaim data skipped (not an RLJob)" in out
+    assert "job.yaml#2: RLJob base is valid" in out
+
+
+def test_a_file_without_rljob_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    claim = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
+    assert main(["validate", _write(tmp_path, claim)]) == 2
+    assert "no RLJob document" in capsys.readouterr().err
+
+
+def test_empty_file_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "empty.yaml"
+    path.write_text("---\n")
+    assert main(["validate", str(path)]) == 2
+    assert "empty.yaml: holds no YAML document" in capsys.readouterr().err
+
+
+def test_schema_and_rule_issues_are_reported_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = copy.deepcopy(BASE)
+    doc["spec"]["trainer"] = {"totalSteps": 0}
+    doc["spec"]["batch"]["ppoMicroBatchSizePerGPU"] = 3
+    assert main(["validate", _write(tmp_path, doc)]) == 1
+    out = capsys.readouterr().out
+    assert "(2 issues)" in out
+    assert "spec.trainer.totalSteps: Input should be greater than or equal to 1" in out
+    assert "spec.batch.ppoMicroBatchSizePerGPU:" in out and "[micro-batch-divides-mini-batch]" in out
+
+
+def test_a_rule_reading_a_refused_value_is_not_evaluated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = copy.deepcopy(BASE)
+    doc["spec"]["batch"]["ppoMiniBatchSize"] = 0
+    assert main(["validate", _write(tmp_path, doc)]) == 1
+    out = capsys.readouterr().out
+    assert "(1 issue)" in out and "spec.batch.ppoMiniBatchSize: Input should be greater than or equal to 1" in out
+
+
+def test_exponent_without_a_dot_is_a_number_as_for_kubectl(tmp_path: Path) -> None:
+    path = tmp_path / "lr.yaml"
+    path.write_text(yaml.safe_dump(BASE) + "\n")
+    text = path.read_text().replace("spec:\n", "spec:\n  actor: {optim: {lr: 1e-6}}\n", 1)
+    path.write_text(text)
+    assert main(["validate", str(path)]) == 0
+
+
+def test_set_overrides_fields_by_wire_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, BASE)
+    assert main(["validate", "-o", "json", path, "--set", "batch.trainBatchSize=32", "--set", "batch.rolloutN=8"]) == 0
+    derived = json.loads(capsys.readouterr().out)[0]["derived"]
+    assert derived["responses_per_step"] == 256
+
+
+def test_set_with_a_snake_case_name_gets_did_you_mean(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", _write(tmp_path, BASE), "--set", "batch.train_batch_size=32"]) == 1
+    assert "did you mean 'trainBatchSize'?" in capsys.readouterr().out
+
+
+def test_set_without_equals_is_an_error_naming_the_argument(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", _write(tmp_path, BASE), "--set", "batch.trainBatchSize"]) == 2
+    assert "--set 'batch.trainBatchSize': expected PATH=VALUE" in capsys.readouterr().err
+
+
+def test_cpu_job_reports_ranks_not_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(ROOT / "examples/tiny-cpu.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "trainer ranks (CPU processes)" in out and "GPU" not in out
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("kuberl ")
+
+
+def test_crd_output_dash_writes_to_stdout(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["crd", "--output", "-"]) == 0
+    assert "kind: CustomResourceDefinition" in capsys.readouterr().out and not (tmp_path / "-").exists()
+
+
+def test_crd_check_outside_the_repo_says_the_file_is_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["crd", "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "crds/rljob.yaml does not exist" in err and "stale" not in err

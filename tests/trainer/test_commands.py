@@ -148,3 +148,13 @@ def test_run_reports_missing_data_without_a_traceback(tmp_path, capsys):
     path.write_text(yaml.safe_dump(doc))
     assert main(["run", str(path), "--run-dir", str(tmp_path / "run")]) == 1
     assert "missing.parquet: data file does not exist" in capsys.readouterr().err
+
+
+def test_stats_with_an_unknown_tokenizer_is_a_message_not_a_traceback(tmp_path, capsys):
+    assert main(["stats", str(tmp_path / "none.parquet"), "--tokenizer", "Qwen/Qwen2.5-0.5B-Instruct"]) == 2
+    assert "error: model path 'Qwen/Qwen2.5-0.5B-Instruct' does not exist" in capsys.readouterr().err
+
+
+def test_stats_with_a_missing_data_file_is_a_message(tmp_path, capsys):
+    assert main(["stats", str(tmp_path / "none.parquet"), "--tokenizer", TINY]) == 2
+    assert "none.parquet: data file does not exist" in capsys.readouterr().err

@@ -14,98 +14,7 @@ from kuberl.api.crd import field_default
 from kuberl.api.rules import RULES, VERL_CHECKS
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import RLJobStatus
-
-# verl key → RLJob field. Where verl's name or a popular blog's name misleads, the note says how.
-VERL_KEYS: list[tuple[str, str, str]] = [
-    ("data.train_batch_size", "batch.trainBatchSize", "prompts per step, global"),
-    ("actor_rollout_ref.rollout.n", "batch.rolloutN", "responses per prompt"),
-    ("actor_rollout_ref.actor.ppo_mini_batch_size", "batch.ppoMiniBatchSize", "prompts per optimizer step, global"),
-    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "batch.ppoMicroBatchSizePerGPU", "responses, per GPU"),
-    (
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-        "batch.logProbMicroBatchSizePerGPU",
-        "responses, per GPU",
-    ),
-    ("actor_rollout_ref.actor.ppo_epochs", "batch.ppoEpochs", ""),
-    ("actor_rollout_ref.actor.use_dynamic_bsz", "batch.dynamicBatchSize.enabled", ""),
-    ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "batch.dynamicBatchSize.maxTokenLenPerGPU", ""),
-    ("algorithm.adv_estimator", "algorithm.advantageEstimator", ""),
-    ("algorithm.norm_adv_by_std_in_grpo", "algorithm.normAdvByStd", ""),
-    ("algorithm.use_kl_in_reward / kl_ctrl.*", "algorithm.kl.inReward / coef / control / target / horizon", ""),
-    (
-        "actor.use_kl_loss / kl_loss_coef / kl_loss_type",
-        "algorithm.kl.loss.enabled / coef / type",
-        "verl's low_var_kl is k3, mse is k2",
-    ),
-    (
-        "actor.clip_ratio_low / clip_ratio_high / clip_ratio_c",
-        "algorithm.clipRatioLow / clipRatioHigh / clipRatioC",
-        "",
-    ),
-    ("actor.loss_agg_mode", "algorithm.lossAggMode", "always normalised over the global mini-batch"),
-    ("actor.entropy_coeff", "algorithm.entropyCoef", ""),
-    ("critic.cliprange_value", "critic.cliprangeValue", ""),
-    ("actor.policy_loss.loss_mode", "algorithm.policyLoss.lossMode", "same names; see Algorithms"),
-    (
-        "actor.policy_loss.clip_cov_ratio / clip_cov_lb / clip_cov_ub / kl_cov_ratio / ppo_kl_coef",
-        "algorithm.policyLoss.clipCovRatio / clipCovLb / clipCovUb / klCovRatio / ppoKlCoef",
-        "",
-    ),
-    (
-        "algorithm.filter_groups.enable / metric / max_num_gen_batches",
-        "algorithm.filterGroups.enabled / metric / maxNumGenBatches",
-        "maxNumGenBatches ≥ 1: verl's 0 (unbounded) is refused",
-    ),
-    (
-        "reward_model.overlong_buffer.enable / len / penalty_factor",
-        "reward.overlongBuffer (set = enabled) .length / penaltyFactor",
-        "",
-    ),
-    ("data.max_prompt_length / max_response_length", "data.maxPromptLength / maxResponseLength", ""),
-    ("rollout.name", "rollout.engine", "vllm or hf"),
-    ("rollout.tensor_model_parallel_size", "rollout.tensorParallelSize", "default 1 here, 2 in verl"),
-    ("rollout.gpu_memory_utilization", "rollout.gpuMemoryUtilization", "fraction of total GPU memory"),
-    (
-        "rollout.val_kwargs.*",
-        "rollout.val.*",
-        "val_kwargs.n is rollout.val.rolloutN (a bare `n:` key is a boolean in YAML 1.1)",
-    ),
-    ("trainer.nnodes × n_gpus_per_node", "cluster.trainer.nodes × gpusPerNode", ""),
-    ("trainer.save_freq / test_freq", "trainer.saveFreq / testFreq", "in steps, not epochs"),
-    ("trainer.resume_mode / resume_from_path", "trainer.resume", "auto, disable, or the path"),
-    ("trainer.max_actor_ckpt_to_keep", "trainer.maxCheckpoints", ""),
-    ("custom_reward_function.path + name", "reward.function", '"file.py:function"'),
-]
-
-BLOG_NAMES: list[tuple[str, str, str]] = [
-    (
-        "rollout_batch_size",
-        "batch.trainBatchSize × batch.rolloutN",
-        "responses per step; verl has no such key, and there is one rollout per step",
-    ),
-    (
-        "micro_batch_size",
-        "batch.ppoMicroBatchSizePerGPU (and logProbMicroBatchSizePerGPU)",
-        "per GPU and counted in responses, not global",
-    ),
-    (
-        "gradient_accumulation_steps",
-        "derived: ppoMiniBatchSize × rolloutN / GPUs / ppoMicroBatchSizePerGPU",
-        "never configured; `kuberl validate` prints it",
-    ),
-    (
-        "num_rollout_workers",
-        "derived: rollout GPUs / rollout.tensorParallelSize engines",
-        "unrelated to CPU cores or disk I/O",
-    ),
-    ("init_kl_coef", "algorithm.kl.coef (or algorithm.kl.loss.coef)", "verl's default is 0.001, not 0.1"),
-    (
-        "train_batch_size (as samples per PPO update)",
-        "batch.ppoMiniBatchSize × rolloutN",
-        "in verl train_batch_size counts prompts per step; the update uses mini-batches of it",
-    ),
-]
-
+from kuberl.api.verl import BLOG_NAMES, VERL_KEYS
 
 # Algorithms: (name, verl's config, formula). Per response i of group g: r_i its summed reward, n_g the group's
 # size, |y_i| its masked tokens; per token ρ = π/π_old. Kept in step with kuberl.trainer.advantages / losses.
@@ -327,9 +236,14 @@ def api_markdown() -> str:
             "",
             "## From verl's keys",
             "",
+            "`kuberl import-verl` reads a verl run (its `key=value` overrides as on the command line of verl's "
+            "example scripts, a launch script, or a verl YAML) through this table and writes an RLJob; keys "
+            "without an RLJob field are listed with the reason shown here, never dropped silently. "
+            "`kuberl validate` points a verl name written into an RLJob (`rollout.n`) at its field.",
+            "",
             "| verl | RLJob | note |",
             "|---|---|---|",
-            *[f"| `{a}` | `{b}` | {c} |" for a, b, c in VERL_KEYS],
+            *[f"| `{k.verl}` | {f'`{k.rljob}`' if k.rljob else '—'} | {_cell(k.note)} |" for k in VERL_KEYS],
             "",
             "## From names used in popular blog posts",
             "",

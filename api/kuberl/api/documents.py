@@ -8,7 +8,10 @@ from typing import Any
 
 import yaml
 
+from kuberl.api import yaml12
 from kuberl.api.batching import BatchPlan, plan_batches
+from kuberl.api.contract import API_VERSION, GROUP, KIND
+from kuberl.api.overrides import apply_overrides
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.validation import InvalidSpec, Issue, validate_document
 
@@ -20,6 +23,9 @@ class Checked:
     name: str
     issues: list[Issue] = field(default_factory=list)
     plan: BatchPlan | None = None
+    skipped_kind: str | None = None
+    """Set for a document of another kind (a claim next to the RLJob): reported, not validated."""
+    device: str = "cuda"
 
     @property
     def valid(self) -> bool:
@@ -34,28 +40,56 @@ def load_documents(path: str | Path) -> list[tuple[str, Any]]:
     except OSError as exc:
         raise FileNotFoundError(f"{path}: cannot read: {exc.strerror}") from exc
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in yaml12.load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML: {exc}") from exc
+    if not docs:
+        raise ValueError(f"{path}: holds no YAML document (expected an RLJob)")
     if len(docs) == 1:
         return [(str(path), docs[0])]
     return [(f"{path}#{i + 1}", doc) for i, doc in enumerate(docs)]
 
 
+def is_other_kind(doc: Any) -> bool:
+    """A Kubernetes object that is not meant as an RLJob: another kind outside the kuberl.io group."""
+    if not isinstance(doc, dict) or doc.get("kind") == KIND:
+        return False
+    group = str(doc.get("apiVersion", "")).split("/")[0]
+    return isinstance(doc.get("kind"), str) and group != GROUP
+
+
+def looks_like_verl(doc: Any) -> bool:
+    """A verl YAML (its top-level sections, no kind) given where an RLJob is expected."""
+    return isinstance(doc, dict) and "kind" not in doc and "actor_rollout_ref" in doc
+
+
 def check(source: str, doc: Any) -> Checked:
-    name = doc.get("metadata", {}).get("name", "?") if isinstance(doc, dict) else "?"
-    result = Checked(source, str(name), validate_document(doc))
+    metadata = doc.get("metadata") if isinstance(doc, dict) else None
+    name = str(metadata.get("name", "?")) if isinstance(metadata, dict) else "?"
+    if is_other_kind(doc):
+        return Checked(source, name, skipped_kind=f"{doc.get('apiVersion', '?')} {doc['kind']}")
+    if looks_like_verl(doc):
+        hint = "a verl config, not an RLJob: `kuberl import-verl FILE` converts it (mapping: docs/api.md)"
+        return Checked(source, name, [Issue("", hint, "verl")])
+    result = Checked(source, name, validate_document(doc))
     if result.valid:
-        result.plan = plan_batches(RLJobSpec.model_validate(doc["spec"]))
+        spec = RLJobSpec.model_validate(doc["spec"])
+        result.plan = plan_batches(spec)
+        result.device = spec.cluster.device
     return result
 
 
-def load_rljob(path: str | Path) -> tuple[str, RLJobSpec]:
-    """The single RLJob of `path` (name, spec), or InvalidSpec with every issue."""
-    docs = load_documents(path)
+def load_rljob(path: str | Path, overrides: list[str] | None = None) -> tuple[str, RLJobSpec]:
+    """The single RLJob of `path` (name, spec) with `--set` overrides applied, or InvalidSpec with every issue.
+
+    Documents of other kinds in the file are ignored, as `kuberl validate` skips them.
+    """
+    docs = [(source, doc) for source, doc in load_documents(path) if not is_other_kind(doc)]
     if len(docs) != 1:
-        raise ValueError(f"{path}: expected one RLJob document, found {len(docs)}")
+        raise ValueError(f"{path}: expected one {API_VERSION} {KIND} document, found {len(docs)}")
     source, doc = docs[0]
+    if overrides:
+        doc = apply_overrides(doc, overrides)
     checked = check(source, doc)
     if not checked.valid:
         raise InvalidSpec(checked.issues, source)

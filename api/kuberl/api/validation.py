@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
+import re
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -14,6 +16,7 @@ from kuberl.api import celfuncs
 from kuberl.api.contract import API_VERSION, KIND
 from kuberl.api.rules import RULES, Rule
 from kuberl.api.spec import RLJobSpec
+from kuberl.api.verl import suggestion_for
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,13 @@ def _did_you_mean(model: type[BaseModel], loc: list[str]) -> str:
             return ""
     if not (isinstance(current, type) and issubclass(current, BaseModel)):
         return ""
+    verl_field = suggestion_for(loc)
+    if verl_field is not None:
+        return f"; did you mean 'spec.{verl_field}'? (a verl name; docs/api.md maps verl's keys, `kuberl import-verl` converts)"
     names = [f.alias or n for n, f in current.model_fields.items()]
+    python_name = current.model_fields.get(loc[-1])
+    if python_name is not None and python_name.alias:
+        return f"; did you mean {python_name.alias!r}? (manifests use the camelCase wire names)"
     close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else f"; allowed: {', '.join(names)}"
 
@@ -122,6 +131,39 @@ def parse_spec(spec: dict[str, Any], source: str = "RLJob") -> RLJobSpec:
     return RLJobSpec.model_validate(spec)
 
 
+def parse_wire(spec: Any) -> tuple[RLJobSpec | None, list[Issue]]:
+    """Parse a spec by its wire (camelCase) names only, as the CRD's schema does.
+
+    On schema issues, the spec is parsed again with the refused values left out (their defaults in place) so the
+    rules can still be checked and every issue reported at once; None when that is not possible (a required field
+    is missing or a list item is refused).
+    """
+    try:
+        return RLJobSpec.model_validate(spec, strict=True, by_alias=True, by_name=False), []
+    except ValidationError as exc:
+        errors = exc.errors()
+        issues = schema_issues(exc, RLJobSpec, "spec")
+    repaired = copy.deepcopy(spec)
+    if not all(err["type"] != "missing" and _drop(repaired, err["loc"]) for err in errors):
+        return None, issues
+    try:
+        return RLJobSpec.model_validate(repaired, strict=True, by_alias=True, by_name=False), issues
+    except ValidationError:
+        return None, issues
+
+
+def _drop(node: Any, loc: tuple[int | str, ...]) -> bool:
+    """Remove the value at `loc` from nested mappings; False when `loc` does not lead through mappings."""
+    for part in loc[:-1]:
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    if not isinstance(node, dict) or loc[-1] not in node:
+        return False
+    del node[loc[-1]]
+    return True
+
+
 def validate_document(doc: Any, old: dict[str, Any] | None = None) -> list[Issue]:
     """Every issue the apiserver would raise for this RLJob (and, with `old`, for an update of it)."""
     if not isinstance(doc, dict):
@@ -139,10 +181,10 @@ def validate_document(doc: Any, old: dict[str, Any] | None = None) -> list[Issue
     issues += [Issue(key, "unknown field", "schema") for key in unknown]
     if "spec" not in doc:
         return [*issues, Issue("spec", "required field is missing", "schema")]
-    try:
-        spec = RLJobSpec.model_validate(doc["spec"])
-    except ValidationError as exc:
-        return issues + schema_issues(exc, RLJobSpec, "spec")
+    spec, refused = parse_wire(doc["spec"])
+    issues += refused
+    if spec is None:
+        return issues
     wire = {"metadata": {"name": metadata["name"]}, "spec": spec_to_wire(spec)}
     if "status" in doc:
         wire["status"] = doc["status"]
@@ -151,9 +193,12 @@ def validate_document(doc: Any, old: dict[str, Any] | None = None) -> list[Issue
         "spec": celfuncs.context({"self": wire["spec"]}),
         "root": celfuncs.context({"self": wire, "oldSelf": _old_wire(old) if old is not None else None}),
     }
+    refused_fields = {next(p for p in reversed(i.field.split(".")) if not p.isdigit()) for i in refused}
     for rule in RULES:
         if rule.transition and old is None:
             continue
+        if any(re.search(rf"\.{re.escape(name)}\b", rule.cel) for name in refused_fields):
+            continue  # the rule would read a default in place of the refused value
         issue = check_rule(rule, contexts[rule.scope])
         if issue:
             issues.append(issue)
@@ -163,7 +208,7 @@ def validate_document(doc: Any, old: dict[str, Any] | None = None) -> list[Issue
 def _old_wire(old: dict[str, Any]) -> dict[str, Any]:
     wire: dict[str, Any] = {"metadata": {"name": old.get("metadata", {}).get("name", "")}}
     try:
-        wire["spec"] = spec_to_wire(RLJobSpec.model_validate(old.get("spec", {})))
+        wire["spec"] = spec_to_wire(RLJobSpec.model_validate(old.get("spec", {}), by_alias=True, by_name=False))
     except ValidationError:
         wire["spec"] = old.get("spec", {})
     if "status" in old:

@@ -11,19 +11,37 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from kuberl.api.memory import GPU_PRODUCT_LABEL, MemoryPlan
+from kuberl.api.overrides import add_set_argument
+
 Handler = Callable[[argparse.Namespace], int]
 
 DATA_TASKS = ("gsm8k-synth", "digits")
 
 
-def add_commands(sub: argparse._SubParsersAction, make_handler: Callable[[str], Handler]) -> None:
+def add_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], make_handler: Callable[[str], Handler]
+) -> None:
     run_p = sub.add_parser("run", help="train an RLJob on an embedded local Ray (or --address), no Kubernetes")
     run_p.add_argument("file", help="RLJob YAML (one document)")
     run_p.add_argument("--address", help="join this Ray cluster (ray start / Slurm) instead of starting one")
     run_p.add_argument("--run-dir", help="metrics, plots and logs (default runs/<rljob name>/)")
     run_p.add_argument("--steps", type=int, help="override trainer.totalSteps")
+    add_set_argument(run_p)
     run_p.add_argument("--no-progress", action="store_true", help="no progress bar (summary lines only)")
     run_p.set_defaults(func=make_handler("run"))
+
+    plan_p = sub.add_parser(
+        "plan",
+        help="per-GPU memory of each role and phase before launch: does it fit, the largest micro-batch that does",
+        description="Reads the model's shape (tiny://, GGUF, config.json) without loading weights. The GPU comes "
+        f"from the pool's {GPU_PRODUCT_LABEL} node selector or --gpu.",
+    )
+    plan_p.add_argument("file", help="RLJob YAML (one document)")
+    plan_p.add_argument("--gpu", help="GPU model (H200, H100-80GB, A100-40GB, ...) or memory size (80GiB)")
+    plan_p.add_argument("--output", "-o", choices=["text", "json"], default="text", help="report format")
+    add_set_argument(plan_p)
+    plan_p.set_defaults(func=make_handler("plan"))
 
     export_p = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face safetensors folder")
     export_p.add_argument("checkpoint", help="a global_step_N folder, or a checkpointDir (its latest checkpoint)")
@@ -70,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from kuberl.api import InvalidSpec, load_rljob
 
     try:
-        name, spec = load_rljob(args.file)
+        name, spec = load_rljob(args.file, args.set)
     except InvalidSpec as exc:
         print_invalid(exc, args.file, rljob_name(args.file))
         return 1
@@ -90,6 +108,75 @@ def run(args: argparse.Namespace) -> int:
     except (DataError, ModelNotFoundError, RewardFunctionLoadError, PlacementError) as exc:  # no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 1
+
+
+def plan(args: argparse.Namespace) -> int:
+    import json
+
+    from kuberl.api import InvalidSpec, load_rljob
+    from kuberl.api.memory import gpu_named, gpu_of, plan_memory
+    from kuberl.trainer.model_shape import model_shape
+    from kuberl.trainer.models import ModelNotFoundError
+
+    try:
+        name, spec = load_rljob(args.file, args.set)
+    except InvalidSpec as exc:
+        print_invalid(exc, args.file, rljob_name(args.file))
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if spec.cluster.device == "cpu":
+        print(f"error: {args.file}: cluster.device is cpu; the memory plan is for GPU jobs", file=sys.stderr)
+        return 2
+    try:
+        gpu = gpu_named(args.gpu) if args.gpu else gpu_of(spec)
+        rollout_gpu = gpu_named(args.gpu) if args.gpu else gpu_of(spec, "rollout")
+        shape = model_shape(spec.model.path)
+    except (ModelNotFoundError, ValueError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if gpu is None:
+        print(
+            f"error: {args.file} names no GPU (node selector {GPU_PRODUCT_LABEL}); pass --gpu, e.g. --gpu H100-80GB",
+            file=sys.stderr,
+        )
+        return 2
+    result = plan_memory(spec, shape, gpu, rollout_gpu)
+    if args.output == "json":
+        print(json.dumps({"name": name, **result.as_dict()}, indent=2))
+    else:
+        print(format_plan(name, result))
+    return 0 if result.fits else 1
+
+
+def format_plan(name: str, plan: MemoryPlan) -> str:
+    verdict = "fits" if plan.fits else "does NOT fit"
+    lines = [
+        f"RLJob {name} on {plan.trainer_gpus} × {plan.gpu} ({plan.gpu_gib:.1f} GiB, {plan.usable_gib:.1f} usable): "
+        f"{verdict}, peak {plan.peak_gib:.1f} GiB per GPU",
+        f"  model: {plan.model_params / 1e6:,.1f} M parameters; micro-batch {plan.micro_batch}",
+        "  per GPU (GiB)       params   grads  optimizer (step)",
+    ]
+    for role in plan.roles:
+        lines.append(
+            f"  {role.name:<18}{role.params:8.2f}{role.grads:8.2f}{role.optimizer:8.2f} ({role.optimizer_step:.2f})"
+        )
+    checkpointing = "on" if plan.gradient_checkpointing else "off"
+    lines += [
+        f"  activations         {plan.activations_gib:.2f} (gradient checkpointing {checkpointing}; "
+        f"{plan.activations_with_checkpointing_gib:.2f} with, {plan.activations_without_checkpointing_gib:.2f} without)",
+        f"  gathered layers     {plan.gathered_layers_gib:.2f}",
+        f"  response logits     {plan.logits_gib:.2f}",
+        f"  vLLM                weights {plan.vllm_weights_gib:.2f}, activations {plan.vllm_activations_gib:.2f}, "
+        f"KV cache {plan.vllm_kv_cache_gib:.2f} ({plan.vllm_kv_tokens:,} tokens, {plan.vllm_sequences} sequences)",
+        f"  phase: generate     {plan.generate_phase_gib:.2f}"
+        + (" (trainer state + vLLM)" if plan.placement == "colocated" else " (rollout GPU)"),
+        f"  phase: train        {plan.train_phase_gib:.2f} (compare with perf/max_memory_allocated_gb; vLLM asleep)",
+        f"  largest micro-batch that fits: {plan.largest_micro_batch or 'none'}",
+    ]
+    lines += [f"  - {line}" for line in plan.advice]
+    return "\n".join(lines)
 
 
 def rljob_name(path: str) -> str:
@@ -172,9 +259,14 @@ def data(args: argparse.Namespace) -> int:
 
 
 def stats(args: argparse.Namespace) -> int:
+    from kuberl.trainer.data import DataError
     from kuberl.trainer.models import load_tokenizer
     from kuberl.trainer.stats import format_report, length_stats
 
-    report = length_stats(args.files, load_tokenizer(args.tokenizer), args.prompt_key)
+    try:
+        report = length_stats(args.files, load_tokenizer(args.tokenizer), args.prompt_key)
+    except (DataError, OSError, ValueError, KeyError) as exc:  # a missing file or model: a message, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(format_report(report))
     return 0

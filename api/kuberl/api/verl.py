@@ -1,0 +1,472 @@
+"""verl's configuration keys and the RLJob fields they become: the one mapping table.
+
+`kuberl import-verl` reads a verl run (Hydra overrides as on the command line of verl's example scripts, or a
+verl YAML) through this table, `docs/api.md` shows it, and "did you mean" consults it for verl names written
+into an RLJob. A key the table maps to None has no RLJob equivalent; the note says why, and the import lists it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from kuberl.api import yaml12
+from kuberl.api.contract import API_VERSION, KIND
+from kuberl.api.spec import RLJobSpec
+
+ARR = "actor_rollout_ref"
+KL_ESTIMATORS = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3", "abs": "abs"}
+
+
+@dataclass(frozen=True)
+class VerlKey:
+    verl: str
+    """The dotted verl key; `*` matches one or more trailing names (`algorithm.filter_groups.*`)."""
+    rljob: str | None
+    """The RLJob field below spec (wire names), `metadata.name`, or None: no equivalent."""
+    note: str = ""
+    """How the value changes on the way, or why there is no equivalent."""
+    values: dict[Any, Any] = field(default_factory=dict)
+    """verl value → RLJob value where the names differ (`low_var_kl` → `k3`)."""
+    as_list: bool = False
+    """verl takes one path or a list; RLJobs always a list."""
+
+    def matches(self, key: str) -> bool:
+        return fnmatch.fnmatchcase(key, self.verl)
+
+    def convert(self, value: Any) -> Any:
+        if self.as_list and not isinstance(value, list):
+            return [value]
+        if self.values:
+            if value not in self.values:
+                raise ValueError(f"{self.verl}={value!r}: kuberl knows {', '.join(map(str, self.values))}")
+            return self.values[value]
+        return value
+
+    def convert_back(self, value: Any) -> Any:
+        """The verl value of an RLJob value: the round trip's other half."""
+        if self.values:
+            return next(k for k, v in self.values.items() if v == value)
+        return value
+
+
+def _key(verl: str, rljob: str | None, note: str = "", **kwargs: Any) -> VerlKey:
+    return VerlKey(verl, rljob, note, **kwargs)
+
+
+NO_SGLANG = "kuberl generates with vLLM (or transformers on CPU); SGLang is not supported"
+
+VERL_KEYS: list[VerlKey] = [
+    # data
+    _key("data.train_files", "data.trainFiles", "one path or a list", as_list=True),
+    _key("data.val_files", "data.valFiles", "one path or a list", as_list=True),
+    _key("data.train_batch_size", "batch.trainBatchSize", "prompts per step, global"),
+    _key("data.max_prompt_length", "data.maxPromptLength"),
+    _key("data.max_response_length", "data.maxResponseLength"),
+    _key("data.filter_overlong_prompts", "data.filterOverlongPrompts"),
+    _key("data.prompt_key", "data.promptKey"),
+    _key("data.shuffle", "data.shuffle"),
+    _key("data.seed", "data.seed"),
+    _key("data.val_batch_size", None, "the trainer sends the whole validation set to the engines at once"),
+    _key(
+        "data.truncation",
+        None,
+        "kuberl never truncates prompts: over-long ones fail, or are dropped and counted "
+        "with data.filterOverlongPrompts",
+    ),
+    _key(
+        "data.gen_batch_size",
+        None,
+        "DAPO's dynamic sampling (generate more prompts than trained on) is not implemented",
+    ),
+    _key("data.return_raw_chat", None, "the trainer always keeps the chat-format prompt"),
+    # model
+    _key(f"{ARR}.model.path", "model.path"),
+    _key(f"{ARR}.model.enable_gradient_checkpointing", "model.gradientCheckpointing"),
+    _key(f"{ARR}.model.lora_rank", "model.lora.rank", "0 (verl's off) is no lora section"),
+    _key(f"{ARR}.model.lora_alpha", "model.lora.alpha"),
+    _key(f"{ARR}.model.target_modules", "model.lora.targetModules", as_list=True),
+    _key(f"{ARR}.model.use_remove_padding", None, "not a setting: the trainer packs responses itself"),
+    _key(f"{ARR}.model.override_config.*", None, "the model's config is used as saved"),
+    _key(f"{ARR}.model.use_fused_kernels", None, "not a setting"),
+    # actor
+    _key(f"{ARR}.actor.optim.lr", "actor.optim.lr"),
+    _key(f"{ARR}.actor.optim.weight_decay", "actor.optim.weightDecay"),
+    _key(f"{ARR}.actor.optim.lr_warmup_steps", "actor.optim.warmupSteps", "verl's -1 (use the ratio) is 0 here"),
+    _key(f"{ARR}.actor.optim.min_lr_ratio", "actor.optim.minLrRatio"),
+    _key(
+        f"{ARR}.actor.optim.warmup_style", "actor.optim.scheduler", values={"constant": "constant", "cosine": "cosine"}
+    ),
+    _key(f"{ARR}.actor.optim.lr_warmup_steps_ratio", None, "give actor.optim.warmupSteps in steps"),
+    _key(f"{ARR}.actor.grad_clip", "actor.optim.gradClip"),
+    _key(f"{ARR}.actor.ppo_mini_batch_size", "batch.ppoMiniBatchSize", "prompts per optimizer step, global"),
+    _key(f"{ARR}.actor.ppo_micro_batch_size_per_gpu", "batch.ppoMicroBatchSizePerGPU", "responses, per GPU"),
+    _key(
+        f"{ARR}.actor.ppo_micro_batch_size",
+        "batch.ppoMicroBatchSizePerGPU",
+        "verl's deprecated global size: divided by the trainer GPUs",
+    ),
+    _key(f"{ARR}.actor.ppo_epochs", "batch.ppoEpochs"),
+    _key(f"{ARR}.actor.use_dynamic_bsz", "batch.dynamicBatchSize.enabled"),
+    _key(f"{ARR}.actor.ppo_max_token_len_per_gpu", "batch.dynamicBatchSize.maxTokenLenPerGPU"),
+    _key(f"{ARR}.actor.use_kl_loss", "algorithm.kl.loss.enabled"),
+    _key(f"{ARR}.actor.kl_loss_coef", "algorithm.kl.loss.coef"),
+    _key(
+        f"{ARR}.actor.kl_loss_type", "algorithm.kl.loss.type", "low_var_kl is k3, mse k2, kl k1", values=KL_ESTIMATORS
+    ),
+    _key(f"{ARR}.actor.clip_ratio", "algorithm.clipRatioLow", "sets clipRatioLow and clipRatioHigh"),
+    _key(f"{ARR}.actor.clip_ratio_low", "algorithm.clipRatioLow"),
+    _key(f"{ARR}.actor.clip_ratio_high", "algorithm.clipRatioHigh"),
+    _key(f"{ARR}.actor.clip_ratio_c", "algorithm.clipRatioC"),
+    _key(f"{ARR}.actor.policy_loss.loss_mode", "algorithm.policyLoss.lossMode", "same names; see Algorithms"),
+    _key(f"{ARR}.actor.policy_loss.clip_cov_ratio", "algorithm.policyLoss.clipCovRatio"),
+    _key(f"{ARR}.actor.policy_loss.clip_cov_lb", "algorithm.policyLoss.clipCovLb"),
+    _key(f"{ARR}.actor.policy_loss.clip_cov_ub", "algorithm.policyLoss.clipCovUb"),
+    _key(f"{ARR}.actor.policy_loss.kl_cov_ratio", "algorithm.policyLoss.klCovRatio"),
+    _key(f"{ARR}.actor.policy_loss.ppo_kl_coef", "algorithm.policyLoss.ppoKlCoef"),
+    _key(f"{ARR}.actor.loss_agg_mode", "algorithm.lossAggMode", "always normalised over the global mini-batch"),
+    _key(
+        f"{ARR}.actor.use_token_level_loss",
+        "algorithm.lossAggMode",
+        "verl's old switch: true is token-mean",
+        values={True: "token-mean", False: "seq-mean-token-mean"},
+    ),
+    _key(f"{ARR}.actor.entropy_coeff", "algorithm.entropyCoef"),
+    _key(f"{ARR}.actor.fsdp_config.param_offload", "actor.fsdp.paramOffload"),
+    _key(f"{ARR}.actor.fsdp_config.optimizer_offload", "actor.fsdp.optimizerOffload"),
+    _key(f"{ARR}.actor.fsdp_config.reshard_after_forward", "actor.fsdp.reshardAfterForward"),
+    _key(f"{ARR}.actor.fsdp_config.grad_offload", None, "gradients stay on the GPU (FSDP2 has no gradient offload)"),
+    _key(f"{ARR}.actor.fsdp_config.fsdp_size", None, "FSDP always spans every trainer GPU"),
+    _key(f"{ARR}.actor.ulysses_sequence_parallel_size", None, "sequence parallelism is not implemented"),
+    _key(f"{ARR}.actor.strategy", None, "the trainer is FSDP2 only (no Megatron)"),
+    # rollout
+    _key(f"{ARR}.rollout.n", "batch.rolloutN", "responses per prompt"),
+    _key(f"{ARR}.rollout.name", "rollout.engine", "vllm, or hf for CPU runs", values={"vllm": "vllm", "hf": "hf"}),
+    _key(f"{ARR}.rollout.tensor_model_parallel_size", "rollout.tensorParallelSize", "default 1 here, 2 in verl"),
+    _key(f"{ARR}.rollout.gpu_memory_utilization", "rollout.gpuMemoryUtilization", "fraction of total GPU memory"),
+    _key(f"{ARR}.rollout.temperature", "rollout.temperature"),
+    _key(f"{ARR}.rollout.top_p", "rollout.topP"),
+    _key(f"{ARR}.rollout.top_k", "rollout.topK"),
+    _key(f"{ARR}.rollout.max_num_batched_tokens", "rollout.maxNumBatchedTokens"),
+    _key(f"{ARR}.rollout.max_num_seqs", "rollout.maxNumSeqs"),
+    _key(f"{ARR}.rollout.enforce_eager", "rollout.enforceEager"),
+    _key(f"{ARR}.rollout.calculate_log_probs", "rollout.calculateLogProbs"),
+    _key(f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu", "batch.logProbMicroBatchSizePerGPU", "responses, per GPU"),
+    _key(
+        f"{ARR}.rollout.log_prob_micro_batch_size",
+        "batch.logProbMicroBatchSizePerGPU",
+        "verl's deprecated global size: divided by the trainer GPUs",
+    ),
+    _key(f"{ARR}.rollout.log_prob_use_dynamic_bsz", None, "follows batch.dynamicBatchSize.enabled"),
+    _key(f"{ARR}.rollout.log_prob_max_token_len_per_gpu", None, "follows batch.dynamicBatchSize.maxTokenLenPerGPU"),
+    _key(f"{ARR}.rollout.val_kwargs.n", "rollout.val.rolloutN", "a bare `n:` key is a boolean in YAML 1.1"),
+    _key(f"{ARR}.rollout.val_kwargs.temperature", "rollout.val.temperature"),
+    _key(f"{ARR}.rollout.val_kwargs.top_p", "rollout.val.topP"),
+    _key(f"{ARR}.rollout.val_kwargs.do_sample", "rollout.val.doSample"),
+    _key(f"{ARR}.rollout.val_kwargs.top_k", None, "validation samples with top-k off"),
+    _key(f"{ARR}.rollout.enable_chunked_prefill", None, "vLLM's own default (on) is used"),
+    _key(f"{ARR}.rollout.mode", None, "the rollout is always the trainer's synchronous one"),
+    # reference policy
+    _key(
+        f"{ARR}.ref.log_prob_micro_batch_size_per_gpu",
+        "batch.logProbMicroBatchSizePerGPU",
+        "one forward-only micro-batch for old and reference log-probs",
+    ),
+    _key(
+        f"{ARR}.ref.log_prob_micro_batch_size",
+        "batch.logProbMicroBatchSizePerGPU",
+        "verl's deprecated global size: divided by the trainer GPUs",
+    ),
+    _key(f"{ARR}.ref.fsdp_config.param_offload", None, "the reference policy follows actor.fsdp.paramOffload"),
+    _key(f"{ARR}.ref.log_prob_use_dynamic_bsz", None, "follows batch.dynamicBatchSize.enabled"),
+    _key(f"{ARR}.ref.log_prob_max_token_len_per_gpu", None, "follows batch.dynamicBatchSize.maxTokenLenPerGPU"),
+    _key(f"{ARR}.ref.ulysses_sequence_parallel_size", None, "sequence parallelism is not implemented"),
+    # algorithm
+    _key("algorithm.adv_estimator", "algorithm.advantageEstimator"),
+    _key("algorithm.norm_adv_by_std_in_grpo", "algorithm.normAdvByStd"),
+    _key("algorithm.gamma", "algorithm.gamma"),
+    _key("algorithm.lam", "algorithm.lam"),
+    _key("algorithm.use_kl_in_reward", "algorithm.kl.inReward"),
+    _key("algorithm.kl_penalty", "algorithm.kl.type", "low_var_kl is k3, mse k2, kl k1", values=KL_ESTIMATORS),
+    _key("algorithm.kl_ctrl.type", "algorithm.kl.control"),
+    _key("algorithm.kl_ctrl.kl_coef", "algorithm.kl.coef"),
+    _key("algorithm.kl_ctrl.target_kl", "algorithm.kl.target"),
+    _key("algorithm.kl_ctrl.horizon", "algorithm.kl.horizon"),
+    _key("algorithm.filter_groups.enable", "algorithm.filterGroups.enabled"),
+    _key("algorithm.filter_groups.metric", "algorithm.filterGroups.metric"),
+    _key(
+        "algorithm.filter_groups.max_num_gen_batches",
+        "algorithm.filterGroups.maxNumGenBatches",
+        "0 (unbounded) is not offered",
+    ),
+    # critic
+    _key("critic.model.path", "critic.modelPath"),
+    _key("critic.optim.lr", "critic.optim.lr"),
+    _key("critic.optim.weight_decay", "critic.optim.weightDecay"),
+    _key("critic.optim.lr_warmup_steps", "critic.optim.warmupSteps"),
+    _key("critic.grad_clip", "critic.optim.gradClip"),
+    _key("critic.cliprange_value", "critic.cliprangeValue"),
+    _key("critic.ppo_micro_batch_size_per_gpu", "critic.ppoMicroBatchSizePerGPU"),
+    _key("critic.model.fsdp_config.param_offload", "critic.fsdp.paramOffload"),
+    _key("critic.model.fsdp_config.optimizer_offload", "critic.fsdp.optimizerOffload"),
+    _key("critic.model.enable_gradient_checkpointing", None, "the critic follows model.gradientCheckpointing"),
+    _key("critic.model.use_remove_padding", None, "not a setting: the trainer packs responses itself"),
+    _key("critic.ppo_max_token_len_per_gpu", None, "follows batch.dynamicBatchSize.maxTokenLenPerGPU"),
+    _key("critic.use_dynamic_bsz", None, "follows batch.dynamicBatchSize.enabled"),
+    # reward
+    _key("custom_reward_function.path", "reward.function", 'with custom_reward_function.name: "file.py:name"'),
+    _key("custom_reward_function.name", "reward.function", "the function in custom_reward_function.path"),
+    *(
+        entry
+        for prefix in ("custom_reward_function", "reward_model")
+        for entry in (
+            _key(f"{prefix}.overlong_buffer.enable", None, "reward.overlongBuffer being set is the switch"),
+            _key(f"{prefix}.overlong_buffer.len", "reward.overlongBuffer.length"),
+            _key(f"{prefix}.overlong_buffer.penalty_factor", "reward.overlongBuffer.penaltyFactor"),
+        )
+    ),
+    _key("reward_model.enable", None, "reward.model being set is the switch"),
+    _key("reward_model.model.path", "reward.model.path"),
+    _key("reward_model.micro_batch_size_per_gpu", "reward.model.microBatchSizePerGPU"),
+    _key("reward_model.reward_manager", None, "kuberl has one reward manager (verl's naive)"),
+    # trainer loop and cluster
+    _key("trainer.nnodes", "cluster.trainer.nodes"),
+    _key("trainer.n_gpus_per_node", "cluster.trainer.gpusPerNode"),
+    _key("trainer.total_epochs", "trainer.totalEpochs"),
+    _key("trainer.total_training_steps", "trainer.totalSteps"),
+    _key("trainer.save_freq", "trainer.saveFreq", "in steps, not epochs"),
+    _key("trainer.test_freq", "trainer.testFreq", "in steps, not epochs"),
+    _key("trainer.val_before_train", "trainer.valBeforeTrain"),
+    _key("trainer.default_local_dir", "trainer.checkpointDir"),
+    _key(
+        "trainer.resume_mode",
+        "trainer.resume",
+        "auto or disable; resume_path becomes the path itself",
+        values={"auto": "auto", "disable": "disable"},
+    ),
+    _key("trainer.resume_from_path", "trainer.resume", "the global_step_N folder"),
+    _key("trainer.max_actor_ckpt_to_keep", "trainer.maxCheckpoints"),
+    _key("trainer.logger", "trainer.loggers", "console, jsonl, tensorboard, wandb", as_list=True),
+    _key("trainer.experiment_name", "metadata.name", "as a Kubernetes name (lower case, '-')"),
+    _key("trainer.project_name", None, "group runs by namespace or labels"),
+    _key("trainer.critic_warmup", None, "no critic warm-up phase"),
+    _key("trainer.device", "cluster.device", values={"cuda": "cuda", "cpu": "cpu"}),
+    _key("trainer.use_legacy_worker_impl", None, "verl's worker choice; kuberl has one trainer"),
+    _key("trainer.max_critic_ckpt_to_keep", None, "trainer.maxCheckpoints covers actor and critic"),
+]
+
+GLOBAL_MICRO_BATCH_KEYS = {
+    f"{ARR}.actor.ppo_micro_batch_size",
+    f"{ARR}.rollout.log_prob_micro_batch_size",
+    f"{ARR}.ref.log_prob_micro_batch_size",
+}
+
+BLOG_NAMES: list[tuple[str, str, str]] = [
+    (
+        "rollout_batch_size",
+        "batch.trainBatchSize × batch.rolloutN",
+        "responses per step; verl has no such key, and there is one rollout per step",
+    ),
+    (
+        "micro_batch_size",
+        "batch.ppoMicroBatchSizePerGPU (and logProbMicroBatchSizePerGPU)",
+        "per GPU and counted in responses, not global",
+    ),
+    (
+        "gradient_accumulation_steps",
+        "derived: ppoMiniBatchSize × rolloutN / GPUs / ppoMicroBatchSizePerGPU",
+        "never configured; `kuberl validate` prints it",
+    ),
+    (
+        "num_rollout_workers",
+        "derived: rollout GPUs / rollout.tensorParallelSize engines",
+        "unrelated to CPU cores or disk I/O",
+    ),
+    ("init_kl_coef", "algorithm.kl.coef (or algorithm.kl.loss.coef)", "verl's default is 0.001, not 0.1"),
+    (
+        "train_batch_size (as samples per PPO update)",
+        "batch.ppoMiniBatchSize × rolloutN",
+        "in verl train_batch_size counts prompts per step; the update uses mini-batches of it",
+    ),
+]
+
+
+def lookup(key: str) -> VerlKey | None:
+    return next((k for k in VERL_KEYS if k.matches(key)), None)
+
+
+def suggestion_for(path: list[str]) -> str | None:
+    """The RLJob field for a verl name written into an RLJob at `path` (below spec): `rollout.n` → `batch.rolloutN`.
+
+    Matches verl keys that end with the path, so both `actor_rollout_ref.rollout.n` and `rollout.n` are found.
+    """
+    dotted = ".".join(path)
+    for key in VERL_KEYS:
+        if key.rljob and "*" not in key.verl and (key.verl == dotted or key.verl.endswith("." + dotted)):
+            return key.rljob
+    return None
+
+
+# --- reading a verl run ------------------------------------------------------------
+
+_OVERRIDE = re.compile(r"^(\+\+|\+|~)?([A-Za-z_][\w.]*)(?:=(.*))?$", re.DOTALL)
+
+
+class VerlInputError(ValueError):
+    """A verl run that cannot be read; names the argument."""
+
+
+def parse_overrides(tokens: list[str]) -> dict[str, Any]:
+    """Hydra overrides (`key=value`, `+key=value`, `++key=value`) → {dotted key: value}; other tokens ignored.
+
+    Values are read as Hydra reads them for the cases verl's scripts use: numbers, true/false/True/False,
+    null, quoted strings and `[a,b]` lists.
+    """
+    overrides: dict[str, Any] = {}
+    for token in tokens:
+        match = _OVERRIDE.match(token)
+        if not match or match.group(3) is None:
+            continue
+        key, raw = match.group(2), match.group(3)
+        try:
+            overrides[key] = yaml12.load(raw) if raw.strip() else ""
+        except Exception as exc:
+            raise VerlInputError(f"{token!r}: the value is not readable ({exc})") from exc
+    return overrides
+
+
+def overrides_from_script(text: str) -> dict[str, Any]:
+    """The Hydra overrides of a verl launch command or script (`python3 -m verl.trainer.main_ppo k=v ...`).
+
+    Joins `\\`-continued lines and drops comments; shell variables stay as written (`$HOME/...`), so expand
+    them first (e.g. run the script with `echo` in front of python) when they matter.
+    """
+    joined = re.sub(r"\\\n", " ", text)
+    tokens: list[str] = []
+    for line in joined.splitlines():
+        try:
+            tokens += shlex.split(line, comments=True)
+        except ValueError as exc:
+            raise VerlInputError(f"cannot split {line.strip()[:80]!r}: {exc}") from exc
+    return parse_overrides(tokens)
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested verl YAML → {dotted key: leaf value}; lists are leaves."""
+    if not isinstance(config, dict):
+        return {prefix: config} if prefix else {}
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+# --- turning it into an RLJob ------------------------------------------------------
+
+
+@dataclass
+class Imported:
+    document: dict[str, Any]
+    unmapped: list[tuple[str, Any, str]] = field(default_factory=list)
+    """(verl key, value, reason) for every key with no RLJob equivalent."""
+    notes: list[str] = field(default_factory=list)
+    """Conversions the user should know about (a global micro-batch divided, a shell variable left in)."""
+
+
+def to_rljob(verl: dict[str, Any], name: str | None = None) -> Imported:
+    """An RLJob document from verl's dotted keys; every key is either mapped or listed with its reason."""
+    spec: dict[str, Any] = {}
+    result = Imported({"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name or "verl-import"}})
+    gpus = _int(verl.get("trainer.nnodes", 1)) * _int(verl.get("trainer.n_gpus_per_node", 8))
+    for key, value in verl.items():
+        entry = lookup(key)
+        if entry is None:
+            result.unmapped.append((key, value, "no RLJob equivalent"))
+            continue
+        if entry.rljob is None:
+            result.unmapped.append((key, value, entry.note))
+            continue
+        if value is None:
+            result.notes.append(f"{key}=null: left at the RLJob default")
+            continue
+        if isinstance(value, str) and "$" in value:
+            result.notes.append(f"{key}={value}: a shell variable, not expanded")
+        if key in GLOBAL_MICRO_BATCH_KEYS:
+            per_gpu = max(1, _int(value) // gpus)
+            result.notes.append(f"{key}={value} is global in verl: {entry.rljob} = {value} ÷ {gpus} GPUs = {per_gpu}")
+            value = per_gpu
+        elif key == "custom_reward_function.path":
+            value = f"{value}:{verl.get('custom_reward_function.name') or 'compute_score'}"
+        elif key == "custom_reward_function.name":
+            continue  # joined with the path
+        elif key == "trainer.resume_mode" and value == "resume_path":
+            continue  # trainer.resume_from_path carries the path
+        elif key == "trainer.experiment_name":
+            if name is None:
+                result.document["metadata"]["name"] = kubernetes_name(str(value))
+            continue
+        elif key == f"{ARR}.model.lora_rank" and _int(value) == 0:
+            continue
+        try:
+            converted = entry.convert(value)
+        except ValueError as exc:
+            result.unmapped.append((key, value, str(exc)))
+            continue
+        _put(spec, entry.rljob, converted)
+        if key == f"{ARR}.actor.clip_ratio":
+            _put(spec, "algorithm.clipRatioHigh", converted)
+    if spec.get("algorithm", {}).get("advantageEstimator", "gae") == "gae" and "critic" not in spec:
+        spec["critic"] = {}  # verl's gae always trains a critic, initialised from the policy
+    order = [f.alias or n for n, f in RLJobSpec.model_fields.items()]
+    result.document["spec"] = {k: spec[k] for k in sorted(spec, key=order.index)}
+    return result
+
+
+def to_verl(spec: dict[str, Any]) -> dict[str, Any]:
+    """The verl keys of an RLJob spec's directly mapped fields: the inverse of `to_rljob` for the round trip."""
+    verl: dict[str, Any] = {}
+    for entry in VERL_KEYS:
+        if entry.rljob is None or "*" in entry.verl or entry.verl in GLOBAL_MICRO_BATCH_KEYS:
+            continue
+        value = _get(spec, entry.rljob)
+        if value is not None and entry.verl not in verl:
+            try:
+                verl[entry.verl] = entry.convert_back(value)
+            except StopIteration:
+                continue
+    return verl
+
+
+def kubernetes_name(text: str) -> str:
+    """A DNS-1123 name from free text: `DAPO-Qwen2.5-7B` → `dapo-qwen2-5-7b`."""
+    name = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+    return name[:63].strip("-") or "verl-import"
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError) as exc:
+        raise VerlInputError(f"expected a number, got {value!r}") from exc
+
+
+def _put(node: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def _get(node: Any, path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node

@@ -1,0 +1,311 @@
+"""`kuberl import-verl` on verl's own example command lines: every key is mapped or listed, and the mapped
+ones come back unchanged through the table (RLJob → verl keys)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kuberl.api.verl import GLOBAL_MICRO_BATCH_KEYS, VERL_KEYS, lookup, overrides_from_script, to_rljob, to_verl
+from kuberl.cli import main
+
+# verl examples/grpo_trainer/run_qwen2-7b.sh
+GRPO = r"""
+set -x
+
+python3 -m verl.trainer.main_ppo \
+    algorithm.adv_estimator=grpo \
+    data.train_files=$HOME/data/gsm8k/train.parquet \
+    data.val_files=$HOME/data/gsm8k/test.parquet \
+    data.train_batch_size=1024 \
+    data.max_prompt_length=512 \
+    data.max_response_length=1024 \
+    data.filter_overlong_prompts=True \
+    data.truncation='error' \
+    actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct \
+    actor_rollout_ref.actor.optim.lr=1e-6 \
+    actor_rollout_ref.model.use_remove_padding=True \
+    actor_rollout_ref.actor.ppo_mini_batch_size=256 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40 \
+    actor_rollout_ref.actor.use_kl_loss=True \
+    actor_rollout_ref.actor.kl_loss_coef=0.001 \
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl \
+    actor_rollout_ref.actor.entropy_coeff=0 \
+    actor_rollout_ref.model.enable_gradient_checkpointing=True \
+    actor_rollout_ref.actor.fsdp_config.param_offload=False \
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=False \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
+    actor_rollout_ref.rollout.name=vllm \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
+    actor_rollout_ref.rollout.n=5 \
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40 \
+    actor_rollout_ref.ref.fsdp_config.param_offload=True \
+    algorithm.use_kl_in_reward=False \
+    trainer.critic_warmup=0 \
+    trainer.logger='["console","wandb"]' \
+    trainer.project_name='verl_grpo_example_gsm8k' \
+    trainer.experiment_name='qwen2_7b_function_rm' \
+    trainer.n_gpus_per_node=8 \
+    trainer.nnodes=1 \
+    trainer.save_freq=20 \
+    trainer.test_freq=5 \
+    trainer.total_epochs=15 $@
+"""
+
+# verl examples/ppo_trainer/run_deepseek7b_llm.sh
+PPO = r"""
+python3 -m verl.trainer.main_ppo \
+    algorithm.adv_estimator=gae \
+    data.train_files=$HOME/data/gsm8k/train.parquet \
+    data.val_files=$HOME/data/gsm8k/test.parquet \
+    data.train_batch_size=1024 \
+    data.max_prompt_length=512 \
+    data.max_response_length=512 \
+    data.filter_overlong_prompts=True \
+    data.truncation='error' \
+    actor_rollout_ref.model.path=deepseek-ai/deepseek-llm-7b-chat \
+    actor_rollout_ref.actor.optim.lr=1e-6 \
+    actor_rollout_ref.model.use_remove_padding=True \
+    actor_rollout_ref.actor.ppo_mini_batch_size=256 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
+    actor_rollout_ref.actor.fsdp_config.param_offload=False \
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=False \
+    actor_rollout_ref.actor.use_kl_loss=False \
+    actor_rollout_ref.model.enable_gradient_checkpointing=True \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32 \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=4 \
+    actor_rollout_ref.rollout.name=vllm \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
+    critic.optim.lr=1e-5 \
+    critic.model.use_remove_padding=False \
+    critic.model.path=deepseek-ai/deepseek-llm-7b-chat \
+    critic.model.enable_gradient_checkpointing=True \
+    critic.ppo_micro_batch_size_per_gpu=32 \
+    critic.model.fsdp_config.param_offload=False \
+    critic.model.fsdp_config.optimizer_offload=False \
+    algorithm.use_kl_in_reward=False \
+    trainer.critic_warmup=0 \
+    trainer.logger=['console'] \
+    trainer.project_name='verl_example_gsm8k' \
+    trainer.experiment_name='deepseek_llm_7b_function_rm' \
+    trainer.n_gpus_per_node=8 \
+    trainer.nnodes=1 \
+    trainer.total_training_steps=2 \
+    trainer.use_legacy_worker_impl=False \
+    trainer.total_epochs=15 $@
+
+    # trainer.save_freq=20 \
+    # trainer.test_freq=1 \
+"""
+
+# verl recipe/dapo/test_dapo_7b.sh, its shell variables expanded (NNODES=4)
+DAPO = r"""
+python3 -m recipe.dapo.src.main_dapo \
+    data.train_files="/data/dapo-math-17k.parquet" \
+    data.val_files="/data/aime-2024.parquet" \
+    data.prompt_key=prompt \
+    data.truncation='left' \
+    data.max_prompt_length=2048 \
+    data.max_response_length=2048 \
+    data.gen_batch_size=1536 \
+    data.train_batch_size=512 \
+    actor_rollout_ref.rollout.n=16 \
+    actor_rollout_ref.actor.kl_loss_coef=0.0 \
+    actor_rollout_ref.actor.clip_ratio_low=0.2 \
+    actor_rollout_ref.actor.clip_ratio_high=0.28 \
+    algorithm.adv_estimator=grpo \
+    algorithm.kl_ctrl.kl_coef=0.0 \
+    algorithm.filter_groups.enable=True \
+    algorithm.filter_groups.metric=acc \
+    algorithm.filter_groups.max_num_gen_batches=10 \
+    actor_rollout_ref.model.use_remove_padding=True \
+    actor_rollout_ref.actor.use_dynamic_bsz=True \
+    actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True \
+    actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True \
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096 \
+    actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=4096 \
+    actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=4096 \
+    actor_rollout_ref.model.path="/models/Qwen2.5-Math-7B" \
+    +actor_rollout_ref.model.override_config.attention_dropout=0. \
+    actor_rollout_ref.model.enable_gradient_checkpointing=True \
+    actor_rollout_ref.actor.optim.lr=1e-6 \
+    actor_rollout_ref.actor.optim.lr_warmup_steps=10 \
+    actor_rollout_ref.actor.optim.weight_decay=0.1 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=32 \
+    actor_rollout_ref.actor.ppo_micro_batch_size=null \
+    actor_rollout_ref.actor.fsdp_config.param_offload=False \
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=False \
+    actor_rollout_ref.actor.entropy_coeff=0 \
+    actor_rollout_ref.actor.grad_clip=1.0 \
+    actor_rollout_ref.actor.loss_agg_mode=token-mean \
+    actor_rollout_ref.actor.ulysses_sequence_parallel_size=1 \
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.85 \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size=null \
+    actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
+    actor_rollout_ref.rollout.enable_chunked_prefill=True \
+    actor_rollout_ref.rollout.max_num_batched_tokens=4096 \
+    actor_rollout_ref.rollout.temperature=1.0 \
+    actor_rollout_ref.rollout.top_p=1.0 \
+    actor_rollout_ref.rollout.top_k="-1" \
+    actor_rollout_ref.rollout.val_kwargs.temperature=1.0 \
+    actor_rollout_ref.rollout.val_kwargs.top_p=0.7 \
+    actor_rollout_ref.rollout.val_kwargs.top_k=-1 \
+    actor_rollout_ref.rollout.val_kwargs.do_sample=True \
+    actor_rollout_ref.rollout.val_kwargs.n=1 \
+    reward_model.reward_manager=dapo \
+    custom_reward_function.overlong_buffer.enable=True \
+    custom_reward_function.overlong_buffer.len=512 \
+    trainer.logger=['console','wandb'] \
+    trainer.project_name="DAPO" \
+    trainer.experiment_name="DAPO-Qwen2.5-7B-Math-Test" \
+    trainer.n_gpus_per_node=8 \
+    trainer.nnodes=4 \
+    +trainer.val_before_train=True \
+    trainer.test_freq=2 \
+    trainer.save_freq=2 \
+    trainer.total_epochs=1 \
+    trainer.default_local_dir="/ckpts/DAPO" \
+    trainer.resume_mode=disable
+"""
+
+RUNS = {"grpo": GRPO, "ppo-with-critic": PPO, "dapo": DAPO}
+
+
+def _spec(script: str) -> dict[str, Any]:
+    return to_rljob(overrides_from_script(script)).document["spec"]
+
+
+@pytest.mark.parametrize("script", RUNS.values(), ids=RUNS.keys())
+def test_every_key_is_mapped_or_listed_with_a_reason(script: str) -> None:
+    verl = overrides_from_script(script)
+    imported = to_rljob(verl)
+    unmapped = {key for key, _, reason in imported.unmapped if reason}
+    for key, value in verl.items():
+        entry = lookup(key)
+        assert key in unmapped or (entry is not None and entry.rljob is not None), key
+        assert not (key in unmapped and entry is not None and entry.rljob and value is not None), key
+
+
+@pytest.mark.parametrize("script", RUNS.values(), ids=RUNS.keys())
+def test_mapped_keys_come_back_unchanged(script: str) -> None:
+    verl = overrides_from_script(script)
+    back = to_verl(_spec(script))
+    direct = {
+        key: value
+        for key, value in verl.items()
+        if (entry := lookup(key)) is not None
+        and entry.rljob is not None
+        and "*" not in entry.verl
+        and key not in GLOBAL_MICRO_BATCH_KEYS
+        and value is not None
+        and entry.rljob != "metadata.name"
+        and not key.startswith(
+            ("custom_reward_function", "actor_rollout_ref.ref.", "actor_rollout_ref.actor.clip_ratio")
+        )
+    }
+    for key, value in direct.items():
+        expected = [value] if lookup(key).as_list and not isinstance(value, list) else value  # type: ignore[union-attr]
+        assert back.get(key) == expected, f"{key}: {value!r} came back as {back.get(key)!r}"
+
+
+def test_grpo_run_becomes_the_same_batch_and_kl_settings() -> None:
+    spec = _spec(GRPO)
+    assert spec["batch"] == {
+        "trainBatchSize": 1024,
+        "ppoMiniBatchSize": 256,
+        "ppoMicroBatchSizePerGPU": 40,
+        "logProbMicroBatchSizePerGPU": 40,
+        "rolloutN": 5,
+    }
+    assert spec["algorithm"]["kl"]["loss"] == {"enabled": True, "coef": 0.001, "type": "k3"}
+    assert spec["trainer"]["loggers"] == ["console", "wandb"]
+    assert "critic" not in spec
+
+
+def test_ppo_run_keeps_its_critic() -> None:
+    spec = _spec(PPO)
+    assert spec["algorithm"]["advantageEstimator"] == "gae"
+    assert spec["critic"] == {
+        "optim": {"lr": 1e-5},
+        "modelPath": "deepseek-ai/deepseek-llm-7b-chat",
+        "ppoMicroBatchSizePerGPU": 32,
+        "fsdp": {"paramOffload": False, "optimizerOffload": False},
+    }
+    assert spec["trainer"]["totalSteps"] == 2
+
+
+def test_dapo_run_imports_dynamic_sampling_and_the_overlong_penalty() -> None:
+    imported = to_rljob(overrides_from_script(DAPO))
+    reasons = {key: reason for key, _, reason in imported.unmapped}
+    assert "not implemented" in reasons["data.gen_batch_size"]
+    spec = imported.document["spec"]
+    assert spec["algorithm"]["filterGroups"] == {"enabled": True, "metric": "acc", "maxNumGenBatches": 10}
+    assert spec["reward"]["overlongBuffer"]["length"] == 512
+    assert spec["algorithm"]["clipRatioHigh"] == 0.28 and spec["batch"]["dynamicBatchSize"]["enabled"] is True
+    assert imported.document["metadata"]["name"] == "dapo-qwen2-5-7b-math-test"
+    assert spec["trainer"]["resume"] == "disable" and spec["trainer"]["valBeforeTrain"] is True
+
+
+def test_global_micro_batch_is_divided_by_the_trainer_gpus() -> None:
+    imported = to_rljob({"actor_rollout_ref.actor.ppo_micro_batch_size": 128, "trainer.n_gpus_per_node": 8})
+    assert imported.document["spec"]["batch"]["ppoMicroBatchSizePerGPU"] == 16
+    assert any("÷ 8 GPUs = 16" in note for note in imported.notes)
+
+
+def test_every_mapped_field_exists_in_the_spec() -> None:
+    from kuberl.api.validation import validate_document
+
+    for entry in VERL_KEYS:
+        if entry.rljob and entry.rljob != "metadata.name":
+            doc: dict[str, Any] = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "x"}}
+            node = doc.setdefault("spec", {})
+            *parents, last = entry.rljob.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[last] = "?"
+            assert not any("unknown field" in i.message for i in validate_document(doc)), entry.rljob
+
+
+def test_cli_writes_a_valid_rljob_and_lists_what_it_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "run_dapo.sh"
+    script.write_text(DAPO)
+    out = tmp_path / "dapo.yaml"
+    assert main(["import-verl", str(script), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "not imported: data.truncation='left'" in err
+    assert main(["validate", str(out)]) == 0
+    assert yaml.safe_load(out.read_text())["kind"] == "RLJob"
+
+
+def test_cli_takes_overrides_on_its_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    args = [
+        "import-verl",
+        "data.train_files=/d.parquet",
+        "actor_rollout_ref.model.path=/m",
+        "algorithm.adv_estimator=grpo",
+    ]
+    assert main([*args, "actor_rollout_ref.rollout.n=4", "data.train_batch_size=8", "trainer.n_gpus_per_node=1"]) in (
+        0,
+        1,
+    )
+    assert yaml.safe_load(capsys.readouterr().out)["spec"]["batch"]["rolloutN"] == 4
+
+
+def test_verl_yaml_given_to_validate_points_at_import_verl(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "ppo_trainer.yaml"
+    path.write_text(yaml.safe_dump({"data": {"train_batch_size": 8}, "actor_rollout_ref": {"rollout": {"n": 4}}}))
+    assert main(["validate", str(path)]) == 1
+    assert "kuberl import-verl" in capsys.readouterr().out
+
+
+def test_verl_yaml_is_imported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "ppo_trainer.yaml"
+    path.write_text(yaml.safe_dump({"data": {"train_batch_size": 8}, "actor_rollout_ref": {"rollout": {"n": 4}}}))
+    main(["import-verl", str(path)])
+    assert yaml.safe_load(capsys.readouterr().out)["spec"]["batch"] == {"trainBatchSize": 8, "rolloutN": 4}

@@ -1,0 +1,81 @@
+"""`kuberl plan` as a user runs it: the model's shape without its weights, the GPU from the spec or --gpu."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kuberl.api.memory import GPU_PRODUCT_LABEL
+from kuberl.cli import main
+from kuberl.trainer.model_shape import config_shape, model_shape
+from tests.api.cases import BASE
+
+TINY = "tiny://llama?hidden=64&layers=2&heads=4&kv_heads=2"
+QWEN2_5_0_5B = {
+    "model_type": "qwen2",
+    "vocab_size": 151936,
+    "hidden_size": 896,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "intermediate_size": 4864,
+    "tie_word_embeddings": True,
+}
+
+
+def _job(tmp_path: Path, **spec_edits: object) -> str:
+    doc = copy.deepcopy(BASE)
+    doc["spec"]["model"]["path"] = TINY
+    doc["spec"].update(spec_edits)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def test_tiny_model_shape_has_no_weights_loaded() -> None:
+    shape = model_shape(TINY)
+    assert (shape.hidden, shape.layers, shape.heads, shape.kv_heads, shape.intermediate) == (64, 2, 4, 2, 256)
+
+
+def test_config_json_shape_counts_qwen2_5_0_5b() -> None:
+    assert config_shape(QWEN2_5_0_5B).params == 494_032_768  # the published count
+
+
+def test_hf_folder_config_is_read(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(QWEN2_5_0_5B))
+    assert model_shape(str(tmp_path)).layers == 24
+
+
+def test_plan_json_with_gpu_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", _job(tmp_path), "--gpu", "H100-80GB", "-o", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["fits"] is True and plan["gpu"] == "H100-80GB" and plan["largest_micro_batch"] == 8
+    assert [r["name"] for r in plan["roles"]] == ["actor"]
+
+
+def test_plan_reads_the_gpu_from_the_node_selector(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = {"trainer": {"nodes": 1, "gpusPerNode": 8, "nodeSelector": {GPU_PRODUCT_LABEL: "NVIDIA-L4"}}}
+    assert main(["plan", _job(tmp_path, cluster=cluster)]) == 0
+    assert "8 × L4" in capsys.readouterr().out
+
+
+def test_plan_that_does_not_fit_exits_one_with_advice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(QWEN2_5_0_5B))
+    job = _job(tmp_path)
+    assert main(["plan", job, "--gpu", "3GiB", "--set", f"model.path={tmp_path}"]) == 1
+    out = capsys.readouterr().out
+    assert "does NOT fit" in out and "batch.ppoMicroBatchSizePerGPU:" in out
+
+
+def test_plan_without_a_gpu_says_how_to_name_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", _job(tmp_path)]) == 2
+    assert "pass --gpu" in capsys.readouterr().err
+
+
+def test_plan_of_an_unknown_model_is_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", _job(tmp_path), "--gpu", "H200", "--set", "model.path=/nowhere"]) == 2
+    assert "'/nowhere': no model config found" in capsys.readouterr().err
