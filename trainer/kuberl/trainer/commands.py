@@ -16,7 +16,9 @@ Handler = Callable[[argparse.Namespace], int]
 DATA_TASKS = ("gsm8k-synth", "digits")
 
 
-def add_commands(sub: argparse._SubParsersAction, make_handler: Callable[[str], Handler]) -> None:
+def add_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], make_handler: Callable[[str], Handler]
+) -> None:
     run_p = sub.add_parser("run", help="train an RLJob on an embedded local Ray (or --address), no Kubernetes")
     run_p.add_argument("file", help="RLJob YAML (one document)")
     run_p.add_argument("--address", help="join this Ray cluster (ray start / Slurm) instead of starting one")
