@@ -174,7 +174,8 @@ def write_state(folder: Path, state: dict[str, Any]) -> None:
 
 
 def read_state(folder: Path) -> dict[str, Any]:
-    return json.loads((folder / STATE_FILE).read_text())
+    state: dict[str, Any] = json.loads((folder / STATE_FILE).read_text())
+    return state
 
 
 def restore_driver_rng(folder: Path) -> None:

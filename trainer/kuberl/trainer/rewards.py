@@ -14,10 +14,10 @@ import math
 import numbers
 import re
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -25,6 +25,7 @@ from kuberl.trainer.models import load_sequence_classifier, load_tokenizer
 
 RewardFunction = Callable[[str, str, str, dict[str, Any]], Any]
 BUILTINS: dict[str, RewardFunction] = {}
+Registered = TypeVar("Registered", bound=RewardFunction)
 
 
 class RewardFunctionError(RuntimeError):
@@ -49,8 +50,8 @@ class RewardOutput:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-def register_reward(name: str) -> Callable[[RewardFunction], RewardFunction]:
-    def register(fn: RewardFunction) -> RewardFunction:
+def register_reward(name: str) -> Callable[[Registered], Registered]:
+    def register(fn: Registered) -> Registered:
         BUILTINS[name] = fn
         return fn
 
@@ -95,7 +96,10 @@ def prefix_match(
     return 1.0 if expected and solution_str.strip().startswith(expected) else 0.0
 
 
-DISPATCH: dict[str, RewardFunction] = {"openai/gsm8k": gsm8k, "kuberl/digits": prefix_match}
+DISPATCH: dict[str, Callable[[str, str, str, dict[str, Any] | None], float]] = {
+    "openai/gsm8k": gsm8k,
+    "kuberl/digits": prefix_match,
+}
 
 
 @register_reward("default")
@@ -129,7 +133,8 @@ def load_reward_function(name: str) -> RewardFunction:
     fn = getattr(module, attribute)
     if not callable(fn):
         raise RewardFunctionLoadError(f"reward function {name!r}: {attribute} is a {type(fn).__name__}, not callable")
-    return fn
+    loaded: RewardFunction = fn
+    return loaded
 
 
 def import_module(module_name: str, name: str) -> Any:
@@ -150,6 +155,8 @@ def load_file(file_name: str, name: str) -> Any:
             "(mount it into the trainer pods, or use 'module:function')"
         )
     spec = importlib.util.spec_from_file_location(f"kuberl_reward_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise RewardFunctionLoadError(f"reward function {name!r}: {file_name!r} cannot be loaded as a Python module")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -201,7 +208,7 @@ async def gather(fn: RewardFunction, samples: list[RewardInput]) -> list[Any]:
     return await asyncio.gather(*(call(fn, s) for s in samples), return_exceptions=True)
 
 
-def run_async(awaitable: Awaitable[list[Any]]) -> list[Any]:
+def run_async(awaitable: Coroutine[Any, Any, list[Any]]) -> list[Any]:
     """``asyncio.run``, or on a fresh thread when this thread already runs a loop (e.g. an async Ray actor)."""
     try:
         asyncio.get_running_loop()
@@ -254,7 +261,9 @@ class RewardModelScorer:
                 f"reward model {path!r}: micro_batch_size ({micro_batch_size}) and max_length "
                 f"({max_length}) must be ≥ 1"
             )
-        self.model = load_sequence_classifier(path, dtype).to(device).eval()
+        self.model = load_sequence_classifier(path, dtype)
+        module: torch.nn.Module = self.model  # nn.Module.to's signature: transformers' override is untyped
+        module.to(device).eval()
         if not hasattr(self.model, "score"):
             raise ValueError(
                 f"reward model {path!r} ({type(self.model).__name__}) has no 'score' head; use a "
@@ -281,5 +290,5 @@ class RewardModelScorer:
             hidden = getattr(self.model, self.model.base_model_prefix)(**batch).last_hidden_state
             last = batch["attention_mask"].sum(dim=-1) - 1
             pooled = hidden[torch.arange(hidden.shape[0], device=self.device), last]
-            scores.extend(self.model.score(pooled)[:, 0].float().tolist())
+            scores.extend(self.model.get_submodule("score")(pooled)[:, 0].float().tolist())
         return scores

@@ -37,6 +37,7 @@ from kuberl.trainer.losses import masked_mean
 from kuberl.trainer.metrics import MetricsLogger, Timer
 from kuberl.trainer.microbatch import Rows, concat, shard_mini_batches, shard_rows, slice_rows
 from kuberl.trainer.rewards import RewardInput, load_reward_function, score_batch
+from kuberl.trainer.rollout import Rollout
 from kuberl.trainer.status_reporter import StatusReporter
 from kuberl.trainer.unwired import refuse_unwired
 
@@ -82,7 +83,7 @@ class Trainer:
         self.last_checkpoint: str | None = None
         self.ray_started_here = False
         self.groups: list[Any] = []
-        self.rollout: Any = None
+        self.rollout: Rollout | None = None
         """The separate engines (VLLMEngineGroup); None when each trainer rank holds a colocated engine."""
 
     # --- setup -------------------------------------------------------------------------------------------------
@@ -512,7 +513,7 @@ class Trainer:
         """A forward-only pass over equal consecutive shares of the rows; outputs concatenated back in order."""
         keys = ("prompts", "prompt_mask", "responses", "response_mask")
         shards = shard_rows({k: rows[k] for k in keys}, self.dp)
-        results = group.each(method, [(s,) for s in shards])
+        results: list[dict[str, Tensor]] = group.each(method, [(s,) for s in shards])
         return {k: torch.cat([r[k] for r in results]) for k in results[0]}
 
     def update(self, group: Any, rows: Rows, keys: tuple[str, ...], role: str) -> dict[str, float]:
@@ -528,11 +529,12 @@ class Trainer:
         return reduce_update_metrics(results, role)
 
     def score(self, samples: list[Prompt], rows: Rows) -> tuple[Tensor, dict[str, float]]:
-        texts = [
-            self.tokenizer.decode(ids[m.bool()], skip_special_tokens=True)
-            for ids, m in zip(rows["responses"], rows["response_mask"], strict=True)
-        ]
+        texts = self.tokenizer.batch_decode(
+            [ids[m.bool()] for ids, m in zip(rows["responses"], rows["response_mask"], strict=True)],
+            skip_special_tokens=True,
+        )
         if self.reward_model is not None:
+            assert self.rm_tokenizer is not None, "set with the reward model"
             full = [
                 self.rm_tokenizer.apply_chat_template(
                     [*s.raw_prompt, {"role": "assistant", "content": t}], tokenize=False
@@ -545,6 +547,7 @@ class Trainer:
         inputs = [
             RewardInput(s.data_source, t, s.ground_truth, s.extra_info) for s, t in zip(samples, texts, strict=True)
         ]
+        assert self.reward_fn is not None, "set unless a reward model scores"
         outputs = score_batch(self.reward_fn, inputs)
         extra: dict[str, list[float]] = {}
         for o in outputs:

@@ -138,7 +138,7 @@ def node_ip() -> str:
         import ray
 
         if ray.is_initialized():
-            return ray.util.get_node_ip_address()
+            return str(ray.util.get_node_ip_address())
     except ImportError:
         pass
     return socket.gethostbyname(socket.gethostname())
@@ -208,6 +208,7 @@ class WeightBroadcaster:
         import ray
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
+        assert group is not None  # refused above for nccl
         if len(self.engines) != len(group.engine_world_sizes):
             raise ValueError(f"{len(self.engines)} engines but the group was made for {len(group.engine_world_sizes)}")
         # Both sides block in the rendezvous: start the engines' side first, then join.

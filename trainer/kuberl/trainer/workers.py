@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +32,12 @@ from kuberl.api.spec import FSDP, RLJobSpec
 from kuberl.trainer import fsdp
 from kuberl.trainer.microbatch import Rows, equalize, micro_batches, model_inputs, num_rows, pad_right, select, trim
 from kuberl.trainer.weight_sync import free_port
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from kuberl.trainer.rollout import Rollout
+    from kuberl.trainer.weight_sync import Transport, WeightBroadcaster
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +174,7 @@ class ActorWorker(DistributedWorker):
         params = num_params(model)
         self.build_policy(model, total_steps)
         eos_ids = sorted({self.tokenizer.eos_token_id, *_as_list(getattr(self.config, "eos_token_id", None))} - {None})
-        self.broadcaster = None
+        self.broadcaster: WeightBroadcaster | None = None
         self.rollout = self.build_rollout(eos_ids)
         if self.rollout is not None:
             self.sync_weights()
@@ -180,7 +186,7 @@ class ActorWorker(DistributedWorker):
             "eos_ids": eos_ids,
         }
 
-    def build_policy(self, model: nn.Module, total_steps: int) -> None:
+    def build_policy(self, model: PreTrainedModel, total_steps: int) -> None:
         """The trained policy from an fp32 ``model``: FSDP2 (with LoRA adapters when the spec asks), its optimizer
         and learning-rate schedule."""
         spec = self.spec
@@ -209,7 +215,7 @@ class ActorWorker(DistributedWorker):
 
     # --- rollout ---
 
-    def build_rollout(self, eos_ids: list[int]) -> Any:
+    def build_rollout(self, eos_ids: list[int]) -> Rollout | None:
         """The colocated engine of this rank: ``hf`` gets a plain copy of the policy; ``vllm`` starts an engine on
         this rank's GPU with dummy weights that the first :meth:`sync_weights` replaces. None with ``placement:
         separate``: the driver starts the engines and then calls :meth:`connect_rollout`."""
@@ -249,7 +255,7 @@ class ActorWorker(DistributedWorker):
 
         return new_broadcast_group(engine_world_sizes)
 
-    def connect_rollout(self, engines: list[Any], transport: str, group: Any) -> None:
+    def connect_rollout(self, engines: list[Any], transport: Transport, group: Any) -> None:
         """Join the weight transfer to the separate engines (on every rank; rank 0 blocks until they joined)."""
         from kuberl.trainer.weight_sync import WeightBroadcaster
 
@@ -271,6 +277,8 @@ class ActorWorker(DistributedWorker):
             torch.cuda.empty_cache()
 
     def generate(self, prompts: list[list[int]], n: int, sampling: dict[str, Any]) -> dict[str, Tensor]:
+        if self.rollout is None:
+            raise RuntimeError("this rank holds no rollout engine (rollout.placement separate): the driver generates")
         if self.rollout.needs_weights:  # e.g. validation put a vLLM engine into a sleep that dropped its weights
             self.sync_weights()
         self.rollout.wake()
@@ -309,6 +317,9 @@ class ActorWorker(DistributedWorker):
             fn = lambda mb: self._log_probs(self.ref, mb, False)  # noqa: E731
             out = self.forward_only(rows, fn, micro_batch_size=micro, max_tokens=tokens)
         else:  # LoRA: the base model is the reference
+            from peft import PeftModel
+
+            assert isinstance(self.model, PeftModel), "without a reference model the policy carries LoRA adapters"
             self.model.eval()
             with self.model.disable_adapter():
                 out = self.forward_only(
@@ -410,7 +421,7 @@ class ActorWorker(DistributedWorker):
         save_sharded(folder, rank=self.rank, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         if self.rank == 0:
             hf = Path(folder) / "hf"
-            fsdp.base_model(self.model).config.save_pretrained(hf)
+            self.config.save_pretrained(hf)
             self.tokenizer.save_pretrained(hf)
             (Path(folder) / "lora.json").write_text(
                 "{}" if self.lora_scaling is None else f'{{"scaling": {self.lora_scaling}}}'
@@ -439,9 +450,9 @@ class ActorWorker(DistributedWorker):
 class ValueModel(nn.Module):
     """A decoder plus a linear value head: ``values[b, t]`` is the value of the state ending at token ``t``."""
 
-    def __init__(self, causal_lm: nn.Module) -> None:
+    def __init__(self, causal_lm: PreTrainedModel) -> None:
         super().__init__()
-        self.backbone = getattr(causal_lm, causal_lm.base_model_prefix)
+        self.backbone: PreTrainedModel = getattr(causal_lm, causal_lm.base_model_prefix)
         self.config = causal_lm.config
         self._no_split_modules = causal_lm._no_split_modules
         self.value_head = nn.Linear(self.config.hidden_size, 1)
@@ -455,7 +466,8 @@ class ValueModel(nn.Module):
         hidden = self.backbone(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state
-        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+        values: Tensor = self.value_head(hidden.to(self.value_head.weight.dtype))
+        return values.squeeze(-1)
 
 
 class CriticWorker(DistributedWorker):
@@ -491,7 +503,9 @@ class CriticWorker(DistributedWorker):
         rows = trim(rows)
         input_ids, attention_mask, position_ids = model_inputs(rows)
         r = rows["responses"].shape[1]
-        values = self.model(input_ids.to(self.device), attention_mask.to(self.device), position_ids.to(self.device))
+        values: Tensor = self.model(
+            input_ids.to(self.device), attention_mask.to(self.device), position_ids.to(self.device)
+        )
         return values[:, -r - 1 : -1].float()
 
     def _micro(self) -> tuple[int | None, int | None]:
@@ -510,6 +524,7 @@ class CriticWorker(DistributedWorker):
         )
 
     def update(self, mini_batches: list[Rows], totals: list[dict[str, float]]) -> dict[str, float]:
+        assert self.spec.critic is not None, "gae needs spec.critic (validation enforces it)"
         with self.optimizer_offloaded(self.spec.critic.fsdp):
             return self._update(mini_batches, totals)
 
@@ -650,11 +665,11 @@ class WorkerGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         share = FRACTION[role]
-        remote = ray.remote(cls)
+        remote: Any = ray.remote(cls)
         gpu = spec.cluster.device == "cuda"
         spec_json = spec.model_dump_json()
         self.role = role
-        self.workers = [
+        self.workers: list[Any] = [  # Ray actor handles
             remote.options(
                 num_cpus=share,
                 num_gpus=share if gpu else 0,
@@ -675,7 +690,7 @@ class WorkerGroup:
 
         return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
 
-    def each(self, method: str, per_rank: list[tuple]) -> list[Any]:
+    def each(self, method: str, per_rank: list[tuple[Any, ...]]) -> list[Any]:
         """Call ``method`` on rank ``r`` with ``per_rank[r]`` as arguments."""
         import ray
 

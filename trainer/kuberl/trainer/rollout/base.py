@@ -100,7 +100,7 @@ def make_rollout(engine: str, **kwargs: Any) -> Rollout:
         return HFRollout(**kwargs)
     if engine == "vllm":
         try:
-            from kuberl.trainer.rollout.vllm import VLLMRollout  # type: ignore[import-not-found]
+            from kuberl.trainer.rollout.vllm import VLLMRollout
         except ImportError as exc:
             raise RuntimeError(
                 "rollout.engine vllm needs the GPU image (pip install 'kuberl[gpu]') and the vllm "

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import torch
 from torch import Tensor
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 
 from kuberl.trainer.rollout.base import Rollout, RolloutBatch, left_pad, response_mask_from_eos
 
@@ -27,8 +27,13 @@ class HFRollout(Rollout):
         calculate_log_probs: bool = False,
         device: str | torch.device = "cpu",
     ) -> None:
-        self.model = model.to(device).eval()
+        module: torch.nn.Module = model  # nn.Module.to's signature: transformers' override is untyped
+        module.to(device).eval()
+        self.model = model
         self.model.requires_grad_(False)
+        if not isinstance(model, GenerationMixin):
+            raise TypeError(f"{type(model).__name__} cannot generate; the hf rollout needs a causal LM")
+        self.generator: GenerationMixin = model
         self.pad_id = pad_id
         self.eos_ids = list(eos_ids)
         self.max_batch_size = max_batch_size
@@ -88,7 +93,7 @@ class HFRollout(Rollout):
             output_logits=self.calculate_log_probs,
             return_dict_in_generate=True,
         )
-        out = self.model.generate(
+        out = self.generator.generate(
             input_ids=ids.to(self.device), attention_mask=mask.to(self.device), generation_config=config
         )
         sequences = out.sequences[:, ids.shape[1] :].cpu()

@@ -399,7 +399,7 @@ class VLLMEngineGroup(Rollout):
         import ray
 
         remote = ray.remote(VLLMEngineActor)
-        engines = [
+        engines: list[Any] = [  # Ray actor handles
             remote.options(**options).remote(model_path, pad_id=pad_id, seed=seed + i, **kwargs)
             for i, options in enumerate(actor_options)
         ]
