@@ -34,8 +34,10 @@ from kuberl.trainer.kl import apply_kl_in_reward, make_kl_controller
 from kuberl.trainer.losses import masked_mean
 from kuberl.trainer.metrics import MetricsLogger, Timer
 from kuberl.trainer.microbatch import Rows, concat, shard_mini_batches, shard_rows, slice_rows
+from kuberl.trainer.plan import ExecutionPlan, plan_execution
 from kuberl.trainer.rewards import RewardInput, load_reward_function, score_batch
 from kuberl.trainer.rollout import Rollout
+from kuberl.trainer.rollout.layout import RolloutLayout, rollout_pool_labelled
 from kuberl.trainer.status_reporter import StatusReporter
 
 log = logging.getLogger("kuberl.trainer")
@@ -68,17 +70,17 @@ class Trainer:
         self.address = address
         self.steps_override = steps
         self.show_progress = show_progress
-        self.plan = plan_batches(spec)
-        self.dp = self.plan.trainer_gpus
+        self.batch_plan = plan_batches(spec)
+        self.dp = self.batch_plan.trainer_gpus
         algo = spec.algorithm
-        self.uses_critic = algo.advantage_estimator == "gae"
-        self.uses_ref = algo.kl.in_reward or algo.kl.loss.enabled
         self.kl_ctrl = make_kl_controller(algo.kl.control, algo.kl.coef, algo.kl.target, algo.kl.horizon)
         self.global_step = 0
         self.stop_requested = False
         self.last_checkpoint: str | None = None
         self.ray_started_here = False
         self.groups: list[Any] = []
+        self.plan: ExecutionPlan
+        """Decided in :meth:`start_workers`, once Ray is up (the rollout layout depends on the cluster)."""
         self.rollout: Rollout | None = None
         """The separate engines (VLLMEngineGroup); None when each trainer rank holds a colocated engine."""
 
@@ -111,7 +113,7 @@ class Trainer:
         self.total_steps = (
             self.steps_override or spec.trainer.total_steps or spec.trainer.total_epochs * len(self.loader)
         )
-        p = self.plan
+        p = self.batch_plan
         self.write(
             f"RLJob {self.name}: {p.trainer_gpus} {spec.cluster.device} trainer rank(s), "
             f"{p.responses_per_step} responses/step, {p.optimizer_steps_per_step} optimizer step(s)/step, "
@@ -178,9 +180,14 @@ class Trainer:
                     f"cluster.trainer asks for {self.dp} GPU(s) and this machine has {int(gpus)}; "
                     "without GPUs use cluster.device cpu and rollout.engine hf"
                 )
-        self.layout = self.rollout_layout()
+        self.plan = plan_execution(
+            spec,
+            cluster_gpus=ray.cluster_resources().get("GPU", 0.0),
+            rollout_pool_labelled=rollout_pool_labelled(ray.nodes()),
+        )
+        layout = self.plan.rollout
         bundle = {"CPU": 1.0, "GPU": 1.0} if spec.cluster.device == "cuda" else {"CPU": 1.0}
-        selector = self.layout.trainer_label_selector if self.layout else None
+        selector = layout.trainer_label_selector
         self.pg = placement_group(
             [dict(bundle) for _ in range(self.dp)],
             strategy="PACK",
@@ -197,7 +204,13 @@ class Trainer:
             threads = max(1, int(parse_cpu(pool.cpu)) // pool.gpus_per_node)
         else:
             threads = max(1, (os.cpu_count() or 1) // self.dp)
-        common = {"spec": spec, "placement_group": self.pg, "world_size": self.dp, "threads": threads}
+        common = {
+            "spec": spec,
+            "plan": self.plan,
+            "placement_group": self.pg,
+            "world_size": self.dp,
+            "threads": threads,
+        }
         self.actor = WorkerGroup(ActorWorker, role="actor", **common)
         self.groups = [self.actor]
         info = self.actor.all("init_model", self.total_steps)[0]
@@ -207,10 +220,10 @@ class Trainer:
             f"policy {spec.model.path}: {info['params'] / 1e6:.2f}M parameters, "
             f"{info['trainable_params'] / 1e6:.2f}M trained"
         )
-        if self.layout is not None:
-            self.start_rollout(self.layout)
+        if layout.separate:
+            self.start_rollout(layout)
         self.critic = None
-        if self.uses_critic:
+        if self.plan.uses_critic:
             self.critic = WorkerGroup(CriticWorker, role="critic", **common)
             self.groups.append(self.critic)
             self.critic.all("init_model", self.total_steps)
@@ -220,49 +233,26 @@ class Trainer:
             self.groups.append(self.reward_model)
         self.model_config = self._model_config()
 
-    def rollout_layout(self) -> Any:
-        """Where a separate rollout's engines go (None when colocated); decided before the trainer is placed,
-        because with labelled pools the trainer's bundles select the trainer pool."""
-        if self.spec.rollout.placement != "separate":
-            return None
-        import ray
-
-        from kuberl.trainer.rollout.layout import plan_rollout_layout, rollout_pool_labelled
-
-        return plan_rollout_layout(
-            self.spec,
-            cluster_gpus=ray.cluster_resources().get("GPU", 0.0),
-            rollout_pool_labelled=rollout_pool_labelled(ray.nodes()),
-        )
-
-    def start_rollout(self, layout: Any) -> None:
+    def start_rollout(self, layout: RolloutLayout) -> None:
         """Start the separate engines (with dummy weights), connect the trainer ranks to them and send the
         policy's weights once."""
         from kuberl.trainer.rollout.layout import engine_actor_options
         from kuberl.trainer.rollout.vllm import VLLMEngineGroup
         from kuberl.trainer.workers import FRACTION
 
-        spec, r = self.spec, self.spec.rollout
+        engine = self.plan.engine
+        assert engine is not None, "a separate rollout is a vLLM rollout (validation enforces it)"
         options = [
             engine_actor_options(layout, i, trainer_placement_group=self.pg, share=FRACTION["rollout"])
             for i in range(layout.engines)
         ]
         self.rollout = VLLMEngineGroup.spawn(
             options,
-            spec.model.path,
+            engine.model_path,
             pad_id=self.pad_id,
             eos_ids=self.eos_ids,
-            seed=spec.data.seed,
             weight_transfer=layout.transport,
-            tensor_parallel_size=r.tensor_parallel_size,
-            gpu_memory_utilization=r.gpu_memory_utilization,
-            max_model_len=spec.data.max_prompt_length + spec.data.max_response_length,
-            max_num_batched_tokens=r.max_num_batched_tokens,
-            max_num_seqs=r.max_num_seqs,
-            enforce_eager=r.enforce_eager,
-            dtype=spec.model.dtype,
-            calculate_log_probs=r.calculate_log_probs,
-            load_format="dummy",
+            **engine.kwargs(),
         )
         self.groups.append(self.rollout)
         group = None
@@ -424,7 +414,7 @@ class Trainer:
             with timer("old_log_prob"):
                 out = self.forward_all(self.actor, "compute_log_probs", rows)
                 rows["old_log_probs"] = out["log_probs"]
-            if self.uses_ref:
+            if self.plan.uses_reference:
                 with timer("ref"):
                     rows["ref_log_probs"] = self.forward_all(self.actor, "compute_ref_log_probs", rows)["ref_log_probs"]
             if self.critic is not None:
