@@ -31,7 +31,6 @@ from kuberl.trainer import checkpoint as ckpt
 from kuberl.trainer.advantages import compute_advantages
 from kuberl.trainer.data import Prompt, PromptDataset, PromptLoader, load_rows
 from kuberl.trainer.kl import apply_kl_in_reward, make_kl_controller
-from kuberl.trainer.losses import masked_mean
 from kuberl.trainer.metrics import MetricsLogger, Timer
 from kuberl.trainer.microbatch import Rows, concat, shard_mini_batches, shard_rows, slice_rows
 from kuberl.trainer.plan import ExecutionPlan, plan_execution
@@ -39,6 +38,7 @@ from kuberl.trainer.rewards import RewardInput, load_reward_function, score_batc
 from kuberl.trainer.rollout import Rollout
 from kuberl.trainer.rollout.layout import RolloutLayout, rollout_pool_labelled
 from kuberl.trainer.status_reporter import StatusReporter
+from kuberl.trainer.step_metrics import data_metrics, perf_metrics, reduce_update_metrics
 
 log = logging.getLogger("kuberl.trainer")
 
@@ -455,8 +455,28 @@ class Trainer:
             with timer("update_weights"):
                 self.actor.all("sync_weights")
         metrics.update(timer.metrics())
-        metrics.update(self.data_metrics(rows, scores, token_rewards, out.get("entropy"), extra))
-        metrics.update(self.perf_metrics(rows, timer))
+        metrics.update(
+            data_metrics(
+                rows,
+                scores,
+                token_rewards,
+                out.get("entropy"),
+                extra,
+                max_response_length=spec.data.max_response_length,
+                kl_coef=self.kl_coef(),
+            )
+        )
+        metrics.update(
+            perf_metrics(
+                rows,
+                timer,
+                ranks=self.dp,
+                flops_per_token=self.flops_per_token,
+                ppo_epochs=spec.batch.ppo_epochs,
+                peak_flops=self.peak_flops(),
+                device_stats=self.device_stats(),
+            )
+        )
         return metrics
 
     def train_sampling(self) -> dict[str, Any]:
@@ -558,78 +578,14 @@ class Trainer:
 
     # --- metrics ---------------------------------------------------------------------------------------------
 
-    def data_metrics(
-        self, rows: Rows, scores: Tensor, token_rewards: Tensor, entropy: Tensor | None, extra: dict[str, float]
-    ) -> dict[str, float]:
-        mask = rows["response_mask"].float()
-        resp_len = mask.sum(-1)
-        prompt_len = rows["prompt_mask"].float().sum(-1)
-        seq_rewards = (token_rewards * mask).sum(-1)
-        m = {
-            "critic/score/mean": scores.mean().item(),
-            "critic/score/max": scores.max().item(),
-            "critic/score/min": scores.min().item(),
-            "critic/rewards/mean": seq_rewards.mean().item(),
-            "critic/rewards/max": seq_rewards.max().item(),
-            "critic/rewards/min": seq_rewards.min().item(),
-            "critic/advantages/mean": masked_mean(rows["advantages"], mask).item(),
-            "critic/advantages/max": rows["advantages"][mask.bool()].max().item(),
-            "critic/advantages/min": rows["advantages"][mask.bool()].min().item(),
-            "critic/returns/mean": masked_mean(rows["returns"], mask).item(),
-            "response_length/mean": resp_len.mean().item(),
-            "response_length/max": resp_len.max().item(),
-            "response_length/min": resp_len.min().item(),
-            "response_length/clip_ratio": (resp_len >= self.spec.data.max_response_length).float().mean().item(),
-            "prompt_length/mean": prompt_len.mean().item(),
-            "prompt_length/max": prompt_len.max().item(),
-            "prompt_length/min": prompt_len.min().item(),
-        }
-        if entropy is not None:
-            m["actor/entropy"] = masked_mean(entropy, mask).item()
-        if "values" in rows:
-            values, returns = rows["values"], rows["returns"]
-            m["critic/values/mean"] = masked_mean(values, mask).item()
-            var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
-            diff = returns - values
-            var_diff = masked_mean((diff - masked_mean(diff, mask)) ** 2, mask)
-            m["critic/vf_explained_var"] = (1 - var_diff / (var_returns + 1e-8)).item()
-        if "rollout_log_probs" in rows:  # verl's check of rollout vs. trainer numerics (should stay < 0.005)
-            diff = (rows["old_log_probs"].exp() - rows["rollout_log_probs"].exp()).abs()
-            m["training/rollout_probs_diff_mean"] = masked_mean(diff, mask).item()
-            m["training/rollout_probs_diff_max"] = diff[mask.bool()].max().item()
-        if self.spec.algorithm.kl.loss.enabled:
-            m["actor/kl_coef"] = self.spec.algorithm.kl.loss.coef
-        elif self.spec.algorithm.kl.in_reward:
-            m["actor/kl_coef"] = self.kl_ctrl.value
-        m.update(extra)
-        return m
+    def kl_coef(self) -> float | None:
+        kl = self.spec.algorithm.kl
+        if kl.loss.enabled:
+            return kl.loss.coef
+        return self.kl_ctrl.value if kl.in_reward else None
 
-    def perf_metrics(self, rows: Rows, timer: Timer) -> dict[str, float]:
-        import psutil
-
-        tokens = float(rows["response_mask"].sum() + rows["prompt_mask"].sum())
-        step_time = timer.seconds["step"]
-        m = {
-            "perf/total_num_tokens": tokens,
-            "perf/time_per_step": step_time,
-            "perf/throughput": tokens / (step_time * self.dp),
-            "perf/cpu_memory_used_gb": psutil.virtual_memory().used / 2**30,
-        }
-        peak = self.peak_flops()
-        update_time = timer.seconds.get("update_actor")
-        if peak and update_time:
-            flops = self.flops_per_token * tokens * self.spec.batch.ppo_epochs
-            m["perf/mfu/actor"] = flops / (update_time * peak * self.dp)
-        if self.spec.cluster.device == "cuda":
-            stats = self.actor.all("device_stats")
-            if stats and "max_memory_allocated_gb" in stats[0]:
-                m["perf/max_memory_allocated_gb"] = max(s["max_memory_allocated_gb"] for s in stats)
-                m["perf/max_memory_reserved_gb"] = max(s["max_memory_reserved_gb"] for s in stats)
-            for rank, s in enumerate(stats):
-                for key in ("utilization", "memory_used_gb"):
-                    if key in s:
-                        m[f"gpu/{rank}/{key}"] = s[key]
-        return m
+    def device_stats(self) -> list[dict[str, float]] | None:
+        return self.actor.all("device_stats") if self.spec.cluster.device == "cuda" else None
 
     def peak_flops(self) -> float | None:
         """Peak FLOP/s of one device, or None when unknown (CPU without KUBERL_PEAK_FLOPS): no MFU then."""
@@ -664,26 +620,6 @@ def place_at_last_token(scores: Tensor, response_mask: Tensor) -> Tensor:
     last = (response_mask.sum(-1) - 1).clamp(min=0).long()
     token_scores[torch.arange(len(scores)), last] = scores
     return token_scores
-
-
-def reduce_update_metrics(results: list[dict[str, float]], role: str) -> dict[str, float]:
-    """Per-rank sums → verl's metrics: losses are sums of global shares (summed over ranks, averaged over
-    optimizer steps); fractions are token-weighted."""
-    total = {k: sum(r.get(k, 0.0) for r in results) for k in results[0]}
-    updates = max(1.0, results[0]["updates"])
-    tokens = max(1.0, total["tokens"])
-    out = {f"{role}/grad_norm": results[0]["grad_norm"], f"{role}/lr": results[0]["lr"]}
-    if role == "actor":
-        out["actor/pg_loss"] = total["pg_loss"] / updates
-        for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
-            out[f"actor/{key}"] = total[key] / tokens
-        if "kl_loss" in total:
-            out["actor/kl_loss"] = total["kl_loss"] / updates
-        out["actor/micro_batches"] = results[0]["micro_batches"] / updates
-    else:
-        out["critic/vf_loss"] = total["vf_loss"] / updates
-        out["critic/vf_clipfrac"] = total["vf_clipfrac"] / tokens
-    return out
 
 
 # --- entry points ----------------------------------------------------------------------------------------------
