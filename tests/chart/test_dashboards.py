@@ -39,7 +39,7 @@ VERL_KEYS = {
     "perf/max_memory_reserved_gb",
 }
 # per-GPU keys `gpu/<rank>/<stat>` become kuberl_gpu_<stat>{gpu="<rank>"}
-# (trainer/kuberl/trainer/run.py perf_metrics: NVML `utilization` in percent, `memory_used_gb` in GiB)
+# (trainer/kuberl/trainer/step_metrics.py perf_metrics: NVML `utilization` in percent, `memory_used_gb` in GiB)
 GPU_STATS = {"utilization", "memory_used_gb"}
 
 

@@ -80,7 +80,7 @@ def train(spec, steps: int = 1) -> tuple[dict[str, torch.Tensor], list[float]]:
     """``steps`` actor updates on fixed_rows, split as the driver splits them, against the old log-probs of the
     initial model (so that the ratio, the clipping and the loss move from step to step); the full weights afterwards
     and the loss of every step."""
-    from kuberl.trainer.run import reduce_update_metrics
+    from kuberl.trainer.step_metrics import reduce_update_metrics
 
     group = Group(spec)
     try:

@@ -33,12 +33,14 @@ from kuberl.trainer import checkpoint as ckpt
 from kuberl.trainer.advantages import compute_advantages
 from kuberl.trainer.data import Prompt, PromptDataset, PromptLoader, load_rows
 from kuberl.trainer.kl import apply_kl_in_reward, make_kl_controller
-from kuberl.trainer.losses import masked_mean
 from kuberl.trainer.metrics import MetricsLogger, Timer
 from kuberl.trainer.microbatch import Rows, concat, shard_mini_batches, shard_rows, slice_rows
+from kuberl.trainer.plan import ExecutionPlan, plan_execution
 from kuberl.trainer.rewards import RewardInput, load_reward_function, score_batch
 from kuberl.trainer.rollout import Rollout
+from kuberl.trainer.rollout.layout import RolloutLayout, rollout_pool_labelled
 from kuberl.trainer.status_reporter import StatusReporter
+from kuberl.trainer.step_metrics import data_metrics, perf_metrics, reduce_update_metrics
 from kuberl.trainer.unwired import refuse_unwired
 
 log = logging.getLogger("kuberl.trainer")
@@ -72,17 +74,17 @@ class Trainer:
         self.steps_override = steps
         self.show_progress = show_progress
         refuse_unwired(spec)
-        self.plan = plan_batches(spec)
-        self.dp = self.plan.trainer_gpus
+        self.batch_plan = plan_batches(spec)
+        self.dp = self.batch_plan.trainer_gpus
         algo = spec.algorithm
-        self.uses_critic = algo.advantage_estimator == "gae"
-        self.uses_ref = algo.kl.in_reward or algo.kl.loss.enabled
         self.kl_ctrl = make_kl_controller(algo.kl.control, algo.kl.coef, algo.kl.target, algo.kl.horizon)
         self.global_step = 0
         self.stop_requested = False
         self.last_checkpoint: str | None = None
         self.ray_started_here = False
         self.groups: list[Any] = []
+        self.plan: ExecutionPlan
+        """Decided in :meth:`start_workers`, once Ray is up (the rollout layout depends on the cluster)."""
         self.rollout: Rollout | None = None
         """The separate engines (VLLMEngineGroup); None when each trainer rank holds a colocated engine."""
 
@@ -115,7 +117,7 @@ class Trainer:
         self.total_steps = (
             self.steps_override or spec.trainer.total_steps or spec.trainer.total_epochs * len(self.loader)
         )
-        p = self.plan
+        p = self.batch_plan
         self.write(
             f"RLJob {self.name}: {p.trainer_gpus} {spec.cluster.device} trainer rank(s), "
             f"{p.responses_per_step} responses/step, {p.optimizer_steps_per_step} optimizer step(s)/step, "
@@ -182,9 +184,14 @@ class Trainer:
                     f"cluster.trainer asks for {self.dp} GPU(s) and this machine has {int(gpus)}; "
                     "without GPUs use cluster.device cpu and rollout.engine hf"
                 )
-        self.layout = self.rollout_layout()
+        self.plan = plan_execution(
+            spec,
+            cluster_gpus=ray.cluster_resources().get("GPU", 0.0),
+            rollout_pool_labelled=rollout_pool_labelled(ray.nodes()),
+        )
+        layout = self.plan.rollout
         bundle = {"CPU": 1.0, "GPU": 1.0} if spec.cluster.device == "cuda" else {"CPU": 1.0}
-        selector = self.layout.trainer_label_selector if self.layout else None
+        selector = layout.trainer_label_selector
         self.pg = placement_group(
             [dict(bundle) for _ in range(self.dp)],
             strategy="PACK",
@@ -201,7 +208,13 @@ class Trainer:
             threads = max(1, int(parse_cpu(pool.cpu)) // pool.gpus_per_node)
         else:
             threads = max(1, (os.cpu_count() or 1) // self.dp)
-        common = {"spec": spec, "placement_group": self.pg, "world_size": self.dp, "threads": threads}
+        common = {
+            "spec": spec,
+            "plan": self.plan,
+            "placement_group": self.pg,
+            "world_size": self.dp,
+            "threads": threads,
+        }
         self.actor = WorkerGroup(ActorWorker, role="actor", **common)
         self.groups = [self.actor]
         info = self.actor.all("init_model", self.total_steps)[0]
@@ -211,10 +224,10 @@ class Trainer:
             f"policy {spec.model.path}: {info['params'] / 1e6:.2f}M parameters, "
             f"{info['trainable_params'] / 1e6:.2f}M trained"
         )
-        if self.layout is not None:
-            self.start_rollout(self.layout)
+        if layout.separate:
+            self.start_rollout(layout)
         self.critic = None
-        if self.uses_critic:
+        if self.plan.uses_critic:
             self.critic = WorkerGroup(CriticWorker, role="critic", **common)
             self.groups.append(self.critic)
             self.critic.all("init_model", self.total_steps)
@@ -224,49 +237,26 @@ class Trainer:
             self.groups.append(self.reward_model)
         self.model_config = self._model_config()
 
-    def rollout_layout(self) -> Any:
-        """Where a separate rollout's engines go (None when colocated); decided before the trainer is placed,
-        because with labelled pools the trainer's bundles select the trainer pool."""
-        if self.spec.rollout.placement != "separate":
-            return None
-        import ray
-
-        from kuberl.trainer.rollout.layout import plan_rollout_layout, rollout_pool_labelled
-
-        return plan_rollout_layout(
-            self.spec,
-            cluster_gpus=ray.cluster_resources().get("GPU", 0.0),
-            rollout_pool_labelled=rollout_pool_labelled(ray.nodes()),
-        )
-
-    def start_rollout(self, layout: Any) -> None:
+    def start_rollout(self, layout: RolloutLayout) -> None:
         """Start the separate engines (with dummy weights), connect the trainer ranks to them and send the
         policy's weights once."""
         from kuberl.trainer.rollout.layout import engine_actor_options
         from kuberl.trainer.rollout.vllm import VLLMEngineGroup
         from kuberl.trainer.workers import FRACTION
 
-        spec, r = self.spec, self.spec.rollout
+        engine = self.plan.engine
+        assert engine is not None, "a separate rollout is a vLLM rollout (validation enforces it)"
         options = [
             engine_actor_options(layout, i, trainer_placement_group=self.pg, share=FRACTION["rollout"])
             for i in range(layout.engines)
         ]
         self.rollout = VLLMEngineGroup.spawn(
             options,
-            spec.model.path,
+            engine.model_path,
             pad_id=self.pad_id,
             eos_ids=self.eos_ids,
-            seed=spec.data.seed,
             weight_transfer=layout.transport,
-            tensor_parallel_size=r.tensor_parallel_size,
-            gpu_memory_utilization=r.gpu_memory_utilization,
-            max_model_len=spec.data.max_prompt_length + spec.data.max_response_length,
-            max_num_batched_tokens=r.max_num_batched_tokens,
-            max_num_seqs=r.max_num_seqs,
-            enforce_eager=r.enforce_eager,
-            dtype=spec.model.dtype,
-            calculate_log_probs=r.calculate_log_probs,
-            load_format="dummy",
+            **engine.kwargs(),
         )
         self.groups.append(self.rollout)
         group = None
@@ -428,7 +418,7 @@ class Trainer:
             with timer("old_log_prob"):
                 out = self.forward_all(self.actor, "compute_log_probs", rows)
                 rows["old_log_probs"] = out["log_probs"]
-            if self.uses_ref:
+            if self.plan.uses_reference:
                 with timer("ref"):
                     rows["ref_log_probs"] = self.forward_all(self.actor, "compute_ref_log_probs", rows)["ref_log_probs"]
             if self.critic is not None:
@@ -469,8 +459,28 @@ class Trainer:
             with timer("update_weights"):
                 self.actor.all("sync_weights")
         metrics.update(timer.metrics())
-        metrics.update(self.data_metrics(rows, scores, token_rewards, out.get("entropy"), extra))
-        metrics.update(self.perf_metrics(rows, timer))
+        metrics.update(
+            data_metrics(
+                rows,
+                scores,
+                token_rewards,
+                out.get("entropy"),
+                extra,
+                max_response_length=spec.data.max_response_length,
+                kl_coef=self.kl_coef(),
+            )
+        )
+        metrics.update(
+            perf_metrics(
+                rows,
+                timer,
+                ranks=self.dp,
+                flops_per_token=self.flops_per_token,
+                ppo_epochs=spec.batch.ppo_epochs,
+                peak_flops=self.peak_flops(),
+                device_stats=self.device_stats(),
+            )
+        )
         return metrics
 
     def train_sampling(self) -> dict[str, Any]:
@@ -572,78 +582,14 @@ class Trainer:
 
     # --- metrics ---------------------------------------------------------------------------------------------
 
-    def data_metrics(
-        self, rows: Rows, scores: Tensor, token_rewards: Tensor, entropy: Tensor | None, extra: dict[str, float]
-    ) -> dict[str, float]:
-        mask = rows["response_mask"].float()
-        resp_len = mask.sum(-1)
-        prompt_len = rows["prompt_mask"].float().sum(-1)
-        seq_rewards = (token_rewards * mask).sum(-1)
-        m = {
-            "critic/score/mean": scores.mean().item(),
-            "critic/score/max": scores.max().item(),
-            "critic/score/min": scores.min().item(),
-            "critic/rewards/mean": seq_rewards.mean().item(),
-            "critic/rewards/max": seq_rewards.max().item(),
-            "critic/rewards/min": seq_rewards.min().item(),
-            "critic/advantages/mean": masked_mean(rows["advantages"], mask).item(),
-            "critic/advantages/max": rows["advantages"][mask.bool()].max().item(),
-            "critic/advantages/min": rows["advantages"][mask.bool()].min().item(),
-            "critic/returns/mean": masked_mean(rows["returns"], mask).item(),
-            "response_length/mean": resp_len.mean().item(),
-            "response_length/max": resp_len.max().item(),
-            "response_length/min": resp_len.min().item(),
-            "response_length/clip_ratio": (resp_len >= self.spec.data.max_response_length).float().mean().item(),
-            "prompt_length/mean": prompt_len.mean().item(),
-            "prompt_length/max": prompt_len.max().item(),
-            "prompt_length/min": prompt_len.min().item(),
-        }
-        if entropy is not None:
-            m["actor/entropy"] = masked_mean(entropy, mask).item()
-        if "values" in rows:
-            values, returns = rows["values"], rows["returns"]
-            m["critic/values/mean"] = masked_mean(values, mask).item()
-            var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
-            diff = returns - values
-            var_diff = masked_mean((diff - masked_mean(diff, mask)) ** 2, mask)
-            m["critic/vf_explained_var"] = (1 - var_diff / (var_returns + 1e-8)).item()
-        if "rollout_log_probs" in rows:  # verl's check of rollout vs. trainer numerics (should stay < 0.005)
-            diff = (rows["old_log_probs"].exp() - rows["rollout_log_probs"].exp()).abs()
-            m["training/rollout_probs_diff_mean"] = masked_mean(diff, mask).item()
-            m["training/rollout_probs_diff_max"] = diff[mask.bool()].max().item()
-        if self.spec.algorithm.kl.loss.enabled:
-            m["actor/kl_coef"] = self.spec.algorithm.kl.loss.coef
-        elif self.spec.algorithm.kl.in_reward:
-            m["actor/kl_coef"] = self.kl_ctrl.value
-        m.update(extra)
-        return m
+    def kl_coef(self) -> float | None:
+        kl = self.spec.algorithm.kl
+        if kl.loss.enabled:
+            return kl.loss.coef
+        return self.kl_ctrl.value if kl.in_reward else None
 
-    def perf_metrics(self, rows: Rows, timer: Timer) -> dict[str, float]:
-        import psutil
-
-        tokens = float(rows["response_mask"].sum() + rows["prompt_mask"].sum())
-        step_time = timer.seconds["step"]
-        m = {
-            "perf/total_num_tokens": tokens,
-            "perf/time_per_step": step_time,
-            "perf/throughput": tokens / (step_time * self.dp),
-            "perf/cpu_memory_used_gb": psutil.virtual_memory().used / 2**30,
-        }
-        peak = self.peak_flops()
-        update_time = timer.seconds.get("update_actor")
-        if peak and update_time:
-            flops = self.flops_per_token * tokens * self.spec.batch.ppo_epochs
-            m["perf/mfu/actor"] = flops / (update_time * peak * self.dp)
-        if self.spec.cluster.device == "cuda":
-            stats = self.actor.all("device_stats")
-            if stats and "max_memory_allocated_gb" in stats[0]:
-                m["perf/max_memory_allocated_gb"] = max(s["max_memory_allocated_gb"] for s in stats)
-                m["perf/max_memory_reserved_gb"] = max(s["max_memory_reserved_gb"] for s in stats)
-            for rank, s in enumerate(stats):
-                for key in ("utilization", "memory_used_gb"):
-                    if key in s:
-                        m[f"gpu/{rank}/{key}"] = s[key]
-        return m
+    def device_stats(self) -> list[dict[str, float]] | None:
+        return self.actor.all("device_stats") if self.spec.cluster.device == "cuda" else None
 
     def peak_flops(self) -> float | None:
         """Peak FLOP/s of one device, or None when unknown (CPU without KUBERL_PEAK_FLOPS): no MFU then."""
@@ -678,26 +624,6 @@ def place_at_last_token(scores: Tensor, response_mask: Tensor) -> Tensor:
     last = (response_mask.sum(-1) - 1).clamp(min=0).long()
     token_scores[torch.arange(len(scores)), last] = scores
     return token_scores
-
-
-def reduce_update_metrics(results: list[dict[str, float]], role: str) -> dict[str, float]:
-    """Per-rank sums → verl's metrics: losses are sums of global shares (summed over ranks, averaged over
-    optimizer steps); fractions are token-weighted."""
-    total = {k: sum(r.get(k, 0.0) for r in results) for k in results[0]}
-    updates = max(1.0, results[0]["updates"])
-    tokens = max(1.0, total["tokens"])
-    out = {f"{role}/grad_norm": results[0]["grad_norm"], f"{role}/lr": results[0]["lr"]}
-    if role == "actor":
-        out["actor/pg_loss"] = total["pg_loss"] / updates
-        for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
-            out[f"actor/{key}"] = total[key] / tokens
-        if "kl_loss" in total:
-            out["actor/kl_loss"] = total["kl_loss"] / updates
-        out["actor/micro_batches"] = results[0]["micro_batches"] / updates
-    else:
-        out["critic/vf_loss"] = total["vf_loss"] / updates
-        out["critic/vf_clipfrac"] = total["vf_clipfrac"] / tokens
-    return out
 
 
 # --- entry points ----------------------------------------------------------------------------------------------

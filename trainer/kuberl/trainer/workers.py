@@ -22,21 +22,23 @@ import logging
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
-from kuberl.api.spec import FSDP, RLJobSpec
+from kuberl.api.spec import FSDP, Optim, RLJobSpec
 from kuberl.trainer import fsdp
 from kuberl.trainer.microbatch import Rows, equalize, micro_batches, model_inputs, num_rows, pad_right, select, trim
+from kuberl.trainer.plan import ExecutionPlan, MicroBatching, plan_execution
 from kuberl.trainer.weight_sync import free_port
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from kuberl.trainer.rollout import Rollout
+    from kuberl.trainer.rollout import ColocatedRollout
     from kuberl.trainer.weight_sync import Transport, WeightBroadcaster
 
 log = logging.getLogger(__name__)
@@ -45,21 +47,34 @@ FRACTION = {"actor": 0.4, "critic": 0.25, "reward_model": 0.15, "rollout": 0.2}
 """Share of a rank's bundle each role's actor requests; Ray only needs them to fit in one bundle together."""
 
 
+@dataclass
+class MicroLoss:
+    """One micro-batch's loss (its share of the global mini-batch loss) and what the update reports of it."""
+
+    loss: Tensor
+    per_batch: dict[str, float]
+    """Summed over the real micro-batches (e.g. losses, which are already shares)."""
+    per_token: dict[str, float]
+    """Weighted by the micro-batch's valid response tokens (fractions such as clip ratios)."""
+
+
+LossFn = Callable[[Rows, dict[str, float]], MicroLoss]
+"""``(micro-batch on the device, mini-batch totals) -> MicroLoss``: what differs between the actor and the critic."""
+
+
 class DistributedWorker:
-    """A rank of a worker group: process-group setup, threads, seeding."""
+    """A rank of a worker group: process-group setup, threads, seeding, and the micro-batch loops."""
 
     role = "worker"
+    model: nn.Module
     optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
 
-    def optimizer_offloaded(self, options: FSDP) -> AbstractContextManager[None]:
-        """fsdp.optimizerOffload around an update; with paramOffload the state already lives on the CPU."""
-        offload = options.optimizer_offload and not options.param_offload and self.device.type == "cuda"
-        return fsdp.optimizer_state_on(self.optimizer, self.device, offload)
-
-    def __init__(self, spec_json: str, rank: int, world_size: int, threads: int) -> None:
+    def __init__(self, spec_json: str, rank: int, world_size: int, threads: int, plan: ExecutionPlan) -> None:
         logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {self.role}[{rank}] %(levelname)s %(message)s")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.spec = RLJobSpec.model_validate_json(spec_json)
+        self.plan = plan
         self.rank = rank
         self.world_size = world_size
         torch.set_num_threads(max(1, threads))
@@ -88,31 +103,36 @@ class DistributedWorker:
             backend, init_method=f"tcp://{address}:{port}", rank=self.rank, world_size=self.world_size
         )
 
-    # --- micro-batch loop shared by actor and critic ---
+    def build_optimizer(self, optim: Optim, total_steps: int) -> None:
+        self.optimizer = fsdp.make_optimizer(self.model, lr=optim.lr, weight_decay=optim.weight_decay)
+        self.scheduler = fsdp.make_scheduler(
+            self.optimizer,
+            warmup_steps=optim.warmup_steps,
+            total_steps=total_steps,
+            kind=optim.scheduler,
+            min_lr_ratio=optim.min_lr_ratio,
+        )
 
-    def plan(self, rows: Rows, micro_batch_size: int | None, max_tokens: int | None) -> list[list[int]]:
+    # --- micro-batch loops shared by actor and critic ---
+
+    def micro_batch_indices(self, rows: Rows, micro: MicroBatching) -> list[list[int]]:
         """This rank's micro-batches, padded to the same count on every rank (FSDP collectives must pair up)."""
         import torch.distributed as dist
 
-        bins = micro_batches(rows, micro_batch_size=micro_batch_size, max_tokens=max_tokens)
+        bins = micro_batches(rows, micro_batch_size=micro.size, max_tokens=micro.max_tokens)
         count = torch.tensor([len(bins)], device=self.device)  # NCCL reduces device tensors only
         if self.world_size > 1:
             dist.all_reduce(count, op=dist.ReduceOp.MAX)
         return equalize(bins, int(count))
 
     def forward_only(
-        self,
-        rows: Rows,
-        fn: Callable[[Rows], dict[str, Tensor]],
-        *,
-        micro_batch_size: int | None,
-        max_tokens: int | None,
+        self, rows: Rows, fn: Callable[[Rows], dict[str, Tensor]], micro: MicroBatching
     ) -> dict[str, Tensor]:
         """Run ``fn`` over micro-batches without gradients and stitch the ``(b, r)`` outputs back to ``(B, R)``."""
         width = rows["responses"].shape[1]
         outputs: dict[str, list[tuple[list[int], Tensor]]] = {}
         with torch.no_grad():
-            for idx in self.plan(rows, micro_batch_size, max_tokens):
+            for idx in self.micro_batch_indices(rows, micro):
                 result = fn(select(rows, idx or [0]))
                 if not idx:
                     continue
@@ -125,6 +145,78 @@ class DistributedWorker:
                 out[torch.as_tensor(idx)] = value
             stitched[key] = out
         return stitched
+
+    def train(
+        self,
+        mini_batches: list[Rows],
+        totals: list[dict[str, float]],
+        *,
+        loss_fn: LossFn,
+        micro: MicroBatching,
+        grad_clip: float,
+        offload: FSDP,
+    ) -> dict[str, float]:
+        """PPO epochs × mini-batches × micro-batches; one optimizer step per mini-batch, one scheduler step.
+
+        ``totals[j]`` holds mini-batch ``j``'s valid response tokens and rows over all ranks, so each micro-batch
+        loss is its share of the global mini-batch loss; FSDP averages gradients over ranks, so the loss is
+        multiplied by the rank count before backward. Returns this rank's sums (``reduce_update_metrics``).
+        """
+        sums: dict[str, float] = {}
+        grad_norms = []
+        with self.optimizer_offloaded(offload):
+            self.model.train()
+            for _ in range(self.spec.batch.ppo_epochs):
+                for rows, total in zip(mini_batches, totals, strict=True):
+                    bins = self.micro_batch_indices(rows, micro)
+                    self.optimizer.zero_grad(set_to_none=True)
+                    sums["micro_batches"] = sums.get("micro_batches", 0.0) + len(bins)
+                    for i, idx in enumerate(bins):
+                        fsdp.set_gradient_sync(self.model, i == len(bins) - 1)
+                        mb = {key: t.to(self.device) for key, t in trim(select(rows, idx or [0])).items()}
+                        weight = 1.0 if idx else 0.0  # an empty micro-batch only pairs up FSDP collectives
+                        out = loss_fn(mb, total)
+                        (out.loss * self.world_size * weight).backward()
+                        n_tok = float(mb["response_mask"].float().sum()) * weight
+                        for key, value in out.per_batch.items():
+                            sums[key] = sums.get(key, 0.0) + weight * value
+                        sums["tokens"] = sums.get("tokens", 0.0) + n_tok
+                        for key, value in out.per_token.items():
+                            sums[key] = sums.get(key, 0.0) + value * n_tok
+                    grad_norms.append(self.optimizer_step(grad_clip))
+            self.scheduler.step()
+        return {
+            **sums,
+            "updates": float(len(grad_norms)),
+            "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
+            "lr": self.optimizer.param_groups[0]["lr"],
+        }
+
+    def optimizer_offloaded(self, options: FSDP) -> AbstractContextManager[None]:
+        """fsdp.optimizerOffload around an update; with paramOffload the state already lives on the CPU."""
+        offload = options.optimizer_offload and not options.param_offload and self.device.type == "cuda"
+        return fsdp.optimizer_state_on(self.optimizer, self.device, offload)
+
+    def optimizer_step(self, grad_clip: float) -> float:
+        norm = fsdp.clip_grad_norm(self.model, grad_clip)
+        if torch.isfinite(torch.tensor(norm)):
+            self.optimizer.step()
+        else:
+            log.warning("non-finite gradient norm %s: optimizer step skipped", norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # --- checkpoints ---
+
+    def save_checkpoint(self, folder: str) -> None:
+        from kuberl.trainer.checkpoint import save_sharded
+
+        save_sharded(folder, rank=self.rank, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+
+    def load_checkpoint(self, folder: str) -> None:
+        from kuberl.trainer.checkpoint import load_sharded
+
+        load_sharded(folder, rank=self.rank, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
 
 
 def response_logits(model: nn.Module, rows: Rows, temperature: float, device: torch.device) -> tuple[Tensor, Rows]:
@@ -158,10 +250,8 @@ class ActorWorker(DistributedWorker):
         spec = self.spec
         self.tokenizer = load_tokenizer(spec.model.tokenizer_path or spec.model.path)
         model = load_causal_lm(spec.model.path, torch.float32)
-        kl = spec.algorithm.kl
-        self.uses_ref = kl.in_reward or kl.loss.enabled
         self.ref = None
-        if self.uses_ref and spec.model.lora is None:
+        if self.plan.uses_reference and spec.model.lora is None:
             self.ref = fsdp.prepare(
                 load_causal_lm(spec.model.path, torch.float32),
                 gradient_checkpointing=False,
@@ -203,51 +293,34 @@ class ActorWorker(DistributedWorker):
             param_offload=spec.actor.fsdp.param_offload,
             lora=lora_args,
         )
-        optim = spec.actor.optim
-        self.optimizer = fsdp.make_optimizer(self.model, lr=optim.lr, weight_decay=optim.weight_decay)
-        self.scheduler = fsdp.make_scheduler(
-            self.optimizer,
-            warmup_steps=optim.warmup_steps,
-            total_steps=total_steps,
-            kind=optim.scheduler,
-            min_lr_ratio=optim.min_lr_ratio,
-        )
+        self.build_optimizer(spec.actor.optim, total_steps)
 
     # --- rollout ---
 
-    def build_rollout(self, eos_ids: list[int]) -> Rollout | None:
+    def build_rollout(self, eos_ids: list[int]) -> ColocatedRollout | None:
         """The colocated engine of this rank: ``hf`` gets a plain copy of the policy; ``vllm`` starts an engine on
-        this rank's GPU with dummy weights that the first :meth:`sync_weights` replaces. None with ``placement:
-        separate``: the driver starts the engines and then calls :meth:`connect_rollout`."""
+        this rank's GPU with dummy weights that the first :meth:`sync_weights` replaces. None when the rollout is
+        separate: the driver starts the engines and then calls :meth:`connect_rollout`."""
         from kuberl.trainer.models import load_causal_lm
         from kuberl.trainer.rollout import make_rollout
 
-        spec, r = self.spec, self.spec.rollout
-        if r.placement == "separate":
+        if self.plan.rollout.separate:
             return None
-        common = {
-            "pad_id": self.tokenizer.pad_token_id,
-            "eos_ids": eos_ids,
-            "calculate_log_probs": r.calculate_log_probs,
-        }
-        if r.engine == "vllm":
-            return make_rollout(
-                "vllm",
-                model_path=spec.model.path,
-                placement="colocated",
-                tensor_parallel_size=r.tensor_parallel_size,
-                gpu_memory_utilization=r.gpu_memory_utilization,
-                max_model_len=spec.data.max_prompt_length + spec.data.max_response_length,
-                max_num_batched_tokens=r.max_num_batched_tokens,
-                max_num_seqs=r.max_num_seqs,
-                enforce_eager=r.enforce_eager,
-                dtype=spec.model.dtype,
-                seed=spec.data.seed,
-                load_format="dummy",
-                **common,
-            )
+        engine = self.plan.engine
+        pad_id = self.tokenizer.pad_token_id
+        if engine is not None:
+            return make_rollout("vllm", model_path=engine.model_path, pad_id=pad_id, eos_ids=eos_ids, **engine.kwargs())
+        spec = self.spec
         model = load_causal_lm(spec.model.path, fsdp.compute_dtype(spec.model.dtype, self.device.type))
-        return make_rollout("hf", model=model, max_batch_size=r.max_num_seqs, device=self.device, **common)
+        return make_rollout(
+            "hf",
+            model=model,
+            pad_id=pad_id,
+            eos_ids=eos_ids,
+            calculate_log_probs=spec.rollout.calculate_log_probs,
+            max_batch_size=spec.rollout.max_num_seqs,
+            device=self.device,
+        )
 
     def broadcast_group(self, engine_world_sizes: list[int]) -> Any:
         """Where the NCCL group of a separate rollout meets: on this rank's node (call it on rank 0)."""
@@ -297,128 +370,76 @@ class ActorWorker(DistributedWorker):
             out["entropy"] = entropy_from_logits(logits)
         return out
 
-    def _forward_sizes(self) -> tuple[int | None, int | None]:
-        batch = self.spec.batch
-        if batch.dynamic_batch_size.enabled:
-            return None, batch.dynamic_batch_size.max_token_len_per_gpu
-        return batch.log_prob_micro_batch_size_per_gpu or batch.ppo_micro_batch_size_per_gpu, None
-
     def compute_log_probs(self, rows: Rows) -> dict[str, Tensor]:
         """Old log-probs and entropy of the current policy, ``(B, R)`` each."""
-        micro, tokens = self._forward_sizes()
         self.model.eval()
-        return self.forward_only(
-            rows, lambda mb: self._log_probs(self.model, mb, True), micro_batch_size=micro, max_tokens=tokens
-        )
+        return self.forward_only(rows, lambda mb: self._log_probs(self.model, mb, True), self.plan.log_prob)
 
     def compute_ref_log_probs(self, rows: Rows) -> dict[str, Tensor]:
-        micro, tokens = self._forward_sizes()
         if self.ref is not None:
             fn = lambda mb: self._log_probs(self.ref, mb, False)  # noqa: E731
-            out = self.forward_only(rows, fn, micro_batch_size=micro, max_tokens=tokens)
+            out = self.forward_only(rows, fn, self.plan.log_prob)
         else:  # LoRA: the base model is the reference
             from peft import PeftModel
 
             assert isinstance(self.model, PeftModel), "without a reference model the policy carries LoRA adapters"
             self.model.eval()
             with self.model.disable_adapter():
-                out = self.forward_only(
-                    rows, lambda mb: self._log_probs(self.model, mb, False), micro_batch_size=micro, max_tokens=tokens
-                )
+                out = self.forward_only(rows, lambda mb: self._log_probs(self.model, mb, False), self.plan.log_prob)
         return {"ref_log_probs": out["log_probs"]}
 
     # --- update ---
 
     def update(self, mini_batches: list[Rows], totals: list[dict[str, float]]) -> dict[str, float]:
-        with self.optimizer_offloaded(self.spec.actor.fsdp):
-            return self._update(mini_batches, totals)
+        actor = self.spec.actor
+        return self.train(
+            mini_batches,
+            totals,
+            loss_fn=self.policy_loss,
+            micro=self.plan.actor_update,
+            grad_clip=actor.optim.grad_clip,
+            offload=actor.fsdp,
+        )
 
-    def _update(self, mini_batches: list[Rows], totals: list[dict[str, float]]) -> dict[str, float]:
-        """PPO epochs × mini-batches × micro-batches; one optimizer step per mini-batch.
-
-        ``totals[j]`` holds mini-batch ``j``'s valid response tokens and rows over all ranks, so each micro-batch
-        loss is its share of the global mini-batch loss; FSDP averages gradients over ranks, so the loss is
-        multiplied by the rank count before backward.
-        """
+    def policy_loss(self, mb: Rows, total: dict[str, float]) -> MicroLoss:
+        """The PPO clipped policy loss, minus the entropy bonus, plus the KL loss when enabled."""
         from kuberl.trainer.kl import kl_penalty
         from kuberl.trainer.losses import PolicyLossConfig, agg_loss, policy_loss
 
-        spec, algo = self.spec, self.spec.algorithm
-        batch = spec.batch
-        micro = None if batch.dynamic_batch_size.enabled else batch.ppo_micro_batch_size_per_gpu
-        tokens = batch.dynamic_batch_size.max_token_len_per_gpu if micro is None else None
+        algo = self.spec.algorithm
         kl_loss = algo.kl.loss
-        sums: dict[str, float] = {}
-        updates = 0
-        grad_norms = []
-        self.model.train()
-        for _ in range(batch.ppo_epochs):
-            for rows, total in zip(mini_batches, totals, strict=True):
-                agg = {
-                    "batch_tokens": total["tokens"],
-                    "batch_seqs": total["seqs"],
-                    "loss_scale_factor": float(spec.data.max_response_length),
-                }
-                bins = self.plan(rows, micro, tokens)
-                self.optimizer.zero_grad(set_to_none=True)
-                sums["micro_batches"] = sums.get("micro_batches", 0.0) + len(bins)
-                for i, idx in enumerate(bins):
-                    fsdp.set_gradient_sync(self.model, i == len(bins) - 1)
-                    mb = {key: t.to(self.device) for key, t in trim(select(rows, idx or [0])).items()}
-                    weight = 1.0 if idx else 0.0  # an empty micro-batch only pairs up FSDP collectives
-                    out = self._log_probs(self.model, mb, algo.entropy_coef > 0)
-                    log_probs = out["log_probs"]
-                    mask = mb["response_mask"].float()
-                    loss, metrics = policy_loss(
-                        log_probs,
-                        mb["old_log_probs"],
-                        mb["advantages"],
-                        mask,
-                        config=PolicyLossConfig.from_spec(algo),
-                        agg_mode=algo.loss_agg_mode,
-                        **agg,
-                    )
-                    pg = loss.detach()
-                    if algo.entropy_coef > 0:
-                        entropy = agg_loss(out["entropy"], mask, algo.loss_agg_mode, **agg)
-                        loss = loss - algo.entropy_coef * entropy
-                    if kl_loss.enabled:
-                        kl = agg_loss(
-                            kl_penalty(log_probs, mb["ref_log_probs"], kl_loss.type), mask, algo.loss_agg_mode, **agg
-                        )
-                        loss = loss + kl_loss.coef * kl
-                        sums["kl_loss"] = sums.get("kl_loss", 0.0) + weight * float(kl.detach())
-                    (loss * self.world_size * weight).backward()
-                    n_tok = float(mask.sum()) * weight
-                    sums["pg_loss"] = sums.get("pg_loss", 0.0) + weight * float(pg)
-                    sums["tokens"] = sums.get("tokens", 0.0) + n_tok
-                    for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
-                        sums[key] = sums.get(key, 0.0) + float(metrics[key]) * n_tok
-                grad_norms.append(self._optimizer_step(spec.actor.optim.grad_clip))
-                updates += 1
-        self.scheduler.step()
-        return {
-            **sums,
-            "updates": float(updates),
-            "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
-            "lr": self.optimizer.param_groups[0]["lr"],
+        agg = {
+            "batch_tokens": total["tokens"],
+            "batch_seqs": total["seqs"],
+            "loss_scale_factor": float(self.spec.data.max_response_length),
         }
-
-    def _optimizer_step(self, grad_clip: float) -> float:
-        norm = fsdp.clip_grad_norm(self.model, grad_clip)
-        if torch.isfinite(torch.tensor(norm)):
-            self.optimizer.step()
-        else:
-            log.warning("non-finite gradient norm %s: optimizer step skipped", norm)
-        self.optimizer.zero_grad(set_to_none=True)
-        return norm
+        out = self._log_probs(self.model, mb, algo.entropy_coef > 0)
+        log_probs = out["log_probs"]
+        mask = mb["response_mask"].float()
+        loss, metrics = policy_loss(
+            log_probs,
+            mb["old_log_probs"],
+            mb["advantages"],
+            mask,
+            config=PolicyLossConfig.from_spec(algo),
+            agg_mode=algo.loss_agg_mode,
+            **agg,
+        )
+        per_batch = {"pg_loss": float(loss.detach())}
+        if algo.entropy_coef > 0:
+            entropy = agg_loss(out["entropy"], mask, algo.loss_agg_mode, **agg)
+            loss = loss - algo.entropy_coef * entropy
+        if kl_loss.enabled:
+            kl = agg_loss(kl_penalty(log_probs, mb["ref_log_probs"], kl_loss.type), mask, algo.loss_agg_mode, **agg)
+            loss = loss + kl_loss.coef * kl
+            per_batch["kl_loss"] = float(kl.detach())
+        per_token = {key: float(metrics[key]) for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")}
+        return MicroLoss(loss, per_batch, per_token)
 
     # --- checkpoints ---
 
     def save_checkpoint(self, folder: str) -> None:
-        from kuberl.trainer.checkpoint import save_sharded
-
-        save_sharded(folder, rank=self.rank, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+        super().save_checkpoint(folder)
         if self.rank == 0:
             hf = Path(folder) / "hf"
             self.config.save_pretrained(hf)
@@ -428,9 +449,7 @@ class ActorWorker(DistributedWorker):
             )
 
     def load_checkpoint(self, folder: str) -> None:
-        from kuberl.trainer.checkpoint import load_sharded
-
-        load_sharded(folder, rank=self.rank, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+        super().load_checkpoint(folder)
         self.sync_weights()
 
     def full_weights(self) -> dict[str, Tensor]:
@@ -488,15 +507,8 @@ class CriticWorker(DistributedWorker):
             reshard_after_forward=critic.fsdp.reshard_after_forward,
             param_offload=critic.fsdp.param_offload,
         )
-        optim = critic.optim
-        self.optimizer = fsdp.make_optimizer(self.model, lr=optim.lr, weight_decay=optim.weight_decay)
-        self.scheduler = fsdp.make_scheduler(
-            self.optimizer,
-            warmup_steps=optim.warmup_steps,
-            total_steps=total_steps,
-            kind=optim.scheduler,
-            min_lr_ratio=optim.min_lr_ratio,
-        )
+        self.build_optimizer(critic.optim, total_steps)
+        self.options = critic
         return {}
 
     def _values(self, rows: Rows) -> Tensor:
@@ -508,90 +520,44 @@ class CriticWorker(DistributedWorker):
         )
         return values[:, -r - 1 : -1].float()
 
-    def _micro(self) -> tuple[int | None, int | None]:
-        batch = self.spec.batch
-        if batch.dynamic_batch_size.enabled:
-            return None, batch.dynamic_batch_size.max_token_len_per_gpu
-        critic = self.spec.critic
-        return (critic.ppo_micro_batch_size_per_gpu if critic else None) or batch.ppo_micro_batch_size_per_gpu, None
-
     def compute_values(self, rows: Rows) -> dict[str, Tensor]:
-        micro, tokens = self._micro()
-        forward_micro = self.spec.batch.log_prob_micro_batch_size_per_gpu or micro
         self.model.eval()
-        return self.forward_only(
-            rows, lambda mb: {"values": self._values(mb)}, micro_batch_size=forward_micro, max_tokens=tokens
-        )
+        return self.forward_only(rows, lambda mb: {"values": self._values(mb)}, self.plan.critic_forward)
 
     def update(self, mini_batches: list[Rows], totals: list[dict[str, float]]) -> dict[str, float]:
-        assert self.spec.critic is not None, "gae needs spec.critic (validation enforces it)"
-        with self.optimizer_offloaded(self.spec.critic.fsdp):
-            return self._update(mini_batches, totals)
+        return self.train(
+            mini_batches,
+            totals,
+            loss_fn=self.value_loss,
+            micro=self.plan.critic_update,
+            grad_clip=self.options.optim.grad_clip,
+            offload=self.options.fsdp,
+        )
 
-    def _update(self, mini_batches: list[Rows], totals: list[dict[str, float]]) -> dict[str, float]:
+    def value_loss(self, mb: Rows, total: dict[str, float]) -> MicroLoss:
+        """The clipped value loss (verl's ``compute_value_loss``)."""
         from kuberl.trainer.losses import value_loss
 
-        spec = self.spec
-        critic = spec.critic
-        assert critic is not None
-        micro, tokens = self._micro()
-        sums: dict[str, float] = {}
-        grad_norms = []
-        self.model.train()
-        for _ in range(spec.batch.ppo_epochs):
-            for rows, total in zip(mini_batches, totals, strict=True):
-                bins = self.plan(rows, micro, tokens)
-                self.optimizer.zero_grad(set_to_none=True)
-                for k, idx in enumerate(bins):
-                    fsdp.set_gradient_sync(self.model, k == len(bins) - 1)
-                    mb = trim(select(rows, idx or [0]))
-                    weight = 1.0 if idx else 0.0
-                    values = self._values(mb)
-                    mask = mb["response_mask"].to(values.device).float()
-                    loss, metrics = value_loss(
-                        values,
-                        mb["values"].to(values.device),
-                        mb["returns"].to(values.device),
-                        mask,
-                        cliprange_value=critic.cliprange_value,
-                        agg_mode=spec.algorithm.loss_agg_mode,
-                        batch_tokens=total["tokens"],
-                        batch_seqs=total["seqs"],
-                        loss_scale_factor=float(spec.data.max_response_length),
-                    )
-                    (loss * self.world_size * weight).backward()
-                    n_tok = float(mask.sum()) * weight
-                    sums["vf_loss"] = sums.get("vf_loss", 0.0) + weight * float(loss)
-                    sums["vf_clipfrac"] = sums.get("vf_clipfrac", 0.0) + float(metrics["vf_clipfrac"]) * n_tok
-                    sums["tokens"] = sums.get("tokens", 0.0) + n_tok
-                norm = fsdp.clip_grad_norm(self.model, critic.optim.grad_clip)
-                if torch.isfinite(torch.tensor(norm)):
-                    self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                grad_norms.append(norm)
-        self.scheduler.step()
-        return {
-            **sums,
-            "updates": float(len(grad_norms)),
-            "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
-            "lr": self.optimizer.param_groups[0]["lr"],
-        }
-
-    def save_checkpoint(self, folder: str) -> None:
-        from kuberl.trainer.checkpoint import save_sharded
-
-        save_sharded(folder, rank=self.rank, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
-
-    def load_checkpoint(self, folder: str) -> None:
-        from kuberl.trainer.checkpoint import load_sharded
-
-        load_sharded(folder, rank=self.rank, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+        values = self._values(mb)
+        mask = mb["response_mask"].float()
+        loss, metrics = value_loss(
+            values,
+            mb["values"],
+            mb["returns"],
+            mask,
+            cliprange_value=self.options.cliprange_value,
+            agg_mode=self.spec.algorithm.loss_agg_mode,
+            batch_tokens=total["tokens"],
+            batch_seqs=total["seqs"],
+            loss_scale_factor=float(self.spec.data.max_response_length),
+        )
+        return MicroLoss(loss, {"vf_loss": float(loss)}, {"vf_clipfrac": float(metrics["vf_clipfrac"])})
 
 
 class RewardModelWorker:
     """Scores ``prompt + response`` texts with ``reward.model`` (one per rank; the driver splits the texts)."""
 
-    def __init__(self, spec_json: str, rank: int, world_size: int, threads: int) -> None:
+    def __init__(self, spec_json: str, rank: int, world_size: int, threads: int, plan: ExecutionPlan) -> None:
         from kuberl.trainer.rewards import RewardModelScorer
 
         spec = RLJobSpec.model_validate_json(spec_json)
@@ -659,11 +625,15 @@ class WorkerGroup:
         placement_group: Any,
         world_size: int,
         threads: int,
+        plan: ExecutionPlan | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
+        """``plan``: the driver's execution plan; without one, the plan of ``spec`` alone (a colocated rollout), for
+        a group driven on its own."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        plan = plan or plan_execution(spec)
         share = FRACTION[role]
         remote: Any = ray.remote(cls)
         gpu = spec.cluster.device == "cuda"
@@ -675,7 +645,7 @@ class WorkerGroup:
                 num_gpus=share if gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group, placement_group_bundle_index=r),
                 runtime_env={"env_vars": env or {}},
-            ).remote(spec_json, r, world_size, threads)
+            ).remote(spec_json, r, world_size, threads, plan)
             for r in range(world_size)
         ]
         address, port = ray.get(self.workers[0].rendezvous.remote())

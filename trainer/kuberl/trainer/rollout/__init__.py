@@ -1,6 +1,6 @@
 """Rollout backends behind one interface: ``hf`` (transformers generate, CPU and tests) and ``vllm`` (GPU; colocated
 with the actor or separate, see :mod:`kuberl.trainer.rollout.layout`)."""
 
-from kuberl.trainer.rollout.base import Rollout, RolloutBatch, make_rollout
+from kuberl.trainer.rollout.base import ColocatedRollout, Rollout, RolloutBatch, make_rollout
 
-__all__ = ["Rollout", "RolloutBatch", "make_rollout"]
+__all__ = ["ColocatedRollout", "Rollout", "RolloutBatch", "make_rollout"]

@@ -68,7 +68,7 @@ def response_mask_from_eos(responses: Tensor, eos_ids: list[int]) -> Tensor:
 
 
 class Rollout(ABC):
-    """A generation engine holding its own copy of the policy weights."""
+    """A generation engine holding its own copy of the policy weights (how they arrive is the placement's)."""
 
     @abstractmethod
     def generate(
@@ -76,14 +76,19 @@ class Rollout(ABC):
     ) -> RolloutBatch:
         """``n`` samples per prompt; ``temperature`` 0 is greedy, ``top_k`` −1 disables top-k."""
 
+
+class ColocatedRollout(Rollout):
+    """An engine inside the actor rank's process: the rank hands it new weights and it gives memory back while
+    training runs."""
+
     @abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
         """Load full (unsharded) tensors by their Hugging Face names, e.g. streamed from the FSDP shards."""
 
-    def sleep(self) -> None:  # noqa: B027 (a no-op default: only GPU backends hold memory to release)
+    def sleep(self) -> None:
         """Release device memory while training runs (no-op unless the backend holds GPU memory)."""
 
-    def wake(self) -> None:  # noqa: B027 (a no-op default, like sleep)
+    def wake(self) -> None:
         """Reacquire what :meth:`sleep` released."""
 
     @property
@@ -92,7 +97,7 @@ class Rollout(ABC):
         return False
 
 
-def make_rollout(engine: str, **kwargs: Any) -> Rollout:
+def make_rollout(engine: str, **kwargs: Any) -> ColocatedRollout:
     """The backend named by ``spec.rollout.engine``; imported lazily (vLLM pulls CUDA)."""
     if engine == "hf":
         from kuberl.trainer.rollout.hf import HFRollout

@@ -13,10 +13,10 @@ import torch
 from torch import Tensor
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 
-from kuberl.trainer.rollout.base import Rollout, RolloutBatch, left_pad, response_mask_from_eos
+from kuberl.trainer.rollout.base import ColocatedRollout, RolloutBatch, left_pad, response_mask_from_eos
 
 
-class HFRollout(Rollout):
+class HFRollout(ColocatedRollout):
     def __init__(
         self,
         model: PreTrainedModel,

@@ -1,6 +1,11 @@
-"""Where the engines of ``rollout.placement: separate`` run, and how the trainer's weights reach them.
+"""Where the rollout engines run, and how the trainer's weights reach them.
 
-Three layouts, decided once at start-up from the spec and the Ray cluster the driver joined:
+Four layouts, decided once at start-up from the spec and the Ray cluster the driver joined:
+
+- **colocated** (``rollout.placement: colocated``): each trainer rank holds its own engine in its process and
+  streams the gathered weights into it; the engine sleeps while the rank trains.
+
+Three for ``rollout.placement: separate``:
 
 - **pools** (the Ray cluster of the operator's RayJob): its worker groups carry the Ray node label
   ``kuberl.io/pool`` = ``trainer`` / ``rollout``; trainer ranks and engines select their own pool by it, and
@@ -19,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kuberl.api.batching import plan_batches
 from kuberl.api.contract import POOL_LABEL, ROLLOUT_POOL, TRAINER_POOL
 from kuberl.api.spec import RLJobSpec
 from kuberl.trainer.weight_sync import Transport
@@ -30,11 +36,17 @@ class PlacementError(ValueError):
 
 @dataclass(frozen=True)
 class RolloutLayout:
-    kind: Literal["pools", "disjoint", "shared"]
+    kind: Literal["colocated", "pools", "disjoint", "shared"]
     engines: int
     gpus_per_engine: int
     """rollout.tensorParallelSize."""
-    transport: Transport
+    transport: Transport | None
+    """How a separate rollout receives weights; None when colocated (each rank loads its own engine)."""
+
+    @property
+    def separate(self) -> bool:
+        """The engines run in their own Ray actors and the driver sends them the prompts."""
+        return self.kind != "colocated"
 
     @property
     def trainer_label_selector(self) -> dict[str, str] | None:
@@ -46,15 +58,16 @@ class RolloutLayout:
 
 
 def plan_rollout_layout(spec: RLJobSpec, *, cluster_gpus: float, rollout_pool_labelled: bool) -> RolloutLayout:
-    """The layout of a separate rollout. ``cluster_gpus``: the Ray cluster's ``GPU`` resource in all;
-    ``rollout_pool_labelled``: some node carries the rollout pool's label (:func:`rollout_pool_labelled`)."""
-    rollout_pool, trainer_pool = spec.cluster.rollout, spec.cluster.trainer
-    if spec.rollout.placement != "separate" or rollout_pool is None:
-        raise ValueError("a rollout layout is only planned for rollout.placement separate with cluster.rollout set")
+    """The rollout's layout; the only place that reads ``rollout.placement``. ``cluster_gpus``: the Ray cluster's
+    ``GPU`` resource in all; ``rollout_pool_labelled``: some node carries the rollout pool's label
+    (:func:`rollout_pool_labelled`)."""
+    batch = plan_batches(spec)
     tp = spec.rollout.tensor_parallel_size
-    rollout_gpus = rollout_pool.nodes * rollout_pool.gpus_per_node
-    trainer_gpus = trainer_pool.nodes * trainer_pool.gpus_per_node
-    engines = rollout_gpus // tp
+    rollout_gpus, trainer_gpus, engines = batch.rollout_gpus, batch.trainer_gpus, batch.rollout_engines
+    if spec.rollout.placement == "colocated":
+        return RolloutLayout("colocated", engines, tp, None)
+    if spec.cluster.rollout is None:
+        raise ValueError("rollout.placement separate needs cluster.rollout (validation enforces it)")
     if rollout_pool_labelled:
         return RolloutLayout("pools", engines, tp, "nccl")
     if cluster_gpus >= trainer_gpus + rollout_gpus:

@@ -9,7 +9,7 @@ Two placements (``spec.rollout.placement``):
   until :meth:`VLLMRollout.wake` (or the next ``generate``). When ``torch.distributed`` is already initialised by
   the trainer, the engine joins it through vLLM's ``external_launcher`` executor: with tensorParallelSize 1 every
   rank is an independent engine over its own prompts.
-- ``separate``: engines run in their own Ray actors (:class:`VLLMEngineActor`), on the rollout pool's GPUs or
+- ``separate``: engines (:class:`SeparateVLLMEngine`) run in their own Ray actors (:class:`VLLMEngineActor`), on the rollout pool's GPUs or
   sharing the trainer's (:mod:`kuberl.trainer.rollout.layout`); the driver fans prompts out over them
   (:class:`VLLMEngineGroup`) and the trainer sends new weights over NCCL or CUDA IPC
   (:class:`kuberl.trainer.weight_sync.WeightBroadcaster`). They never sleep.
@@ -31,10 +31,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kuberl.trainer.rollout.base import Rollout, RolloutBatch, left_pad, response_mask_from_eos
+from kuberl.trainer.rollout.base import ColocatedRollout, Rollout, RolloutBatch, left_pad, response_mask_from_eos
 from kuberl.trainer.weight_sync import DEFAULT_BUCKET_MB, TRANSPORTS, Bucket, bucketed, rollout_named_tensors
 
-PLACEMENTS = ("colocated", "separate")
 LOGPROBS_MODE = "processed_logprobs"
 
 # vLLM reads these when the engine is built; set them before importing it (a user's own value wins).
@@ -90,10 +89,14 @@ def gpu_memory_in_use_gib() -> float:
     return (total - free) / 2**30
 
 
-class VLLMRollout(Rollout):
-    """One vLLM engine. ``model_path`` is anything ``models.resolve`` accepts; ``load_format="dummy"`` skips reading
-    the checkpoint when the first :meth:`update_weights` supplies the weights anyway (the colocated actor holds
-    them)."""
+class VLLMEngine:
+    """One vLLM engine and its generation; the placements differ in how weights arrive and whether it sleeps
+    (:class:`VLLMRollout` colocated, :class:`SeparateVLLMEngine`). ``model_path`` is anything ``models.resolve``
+    accepts; ``load_format="dummy"`` skips reading the checkpoint when the first weight update supplies the weights
+    anyway."""
+
+    in_process = True
+    """Run vLLM's engine core in this process (weights reach the model without crossing a process boundary)."""
 
     def __init__(
         self,
@@ -101,7 +104,6 @@ class VLLMRollout(Rollout):
         *,
         pad_id: int,
         eos_ids: Sequence[int],
-        placement: str = "colocated",
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float = 0.5,
         max_model_len: int | None = None,
@@ -112,31 +114,19 @@ class VLLMRollout(Rollout):
         dtype: str = "bfloat16",
         seed: int = 0,
         load_format: str = "auto",
-        bucket_mb: int = DEFAULT_BUCKET_MB,
-        sleep_level: int = 2,
         skip_tokenizer_init: bool = False,
-        weight_transfer: str = "nccl",
         **engine_kwargs: Any,
     ) -> None:
-        if placement not in PLACEMENTS:
-            raise ValueError(f"rollout.placement {placement!r} is not one of {PLACEMENTS}")
-        if weight_transfer not in TRANSPORTS:
-            raise ValueError(f"weight transfer {weight_transfer!r} is not one of {TRANSPORTS}")
-        if sleep_level not in (1, 2):
-            raise ValueError(f"sleep level must be 1 (weights to CPU) or 2 (weights dropped), got {sleep_level}")
         if not torch.cuda.is_available():
             raise RuntimeError("rollout.engine vllm needs a CUDA GPU in this process; on CPU use rollout.engine hf")
         _set_env(_ENGINE_ENV)
-        if placement == "colocated" or weight_transfer == "ipc":
+        if self.in_process:
             _set_env(_IN_PROCESS_ENV)
         from vllm import LLM
 
-        self.placement = placement
         self.pad_id = pad_id
         self.eos_ids = [int(e) for e in eos_ids]
         self.calculate_log_probs = calculate_log_probs
-        self.bucket_bytes = bucket_mb * 1024 * 1024
-        self.sleep_level = sleep_level
         self.dtype = getattr(torch, dtype)
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.folder = model_folder(model_path)
@@ -156,28 +146,15 @@ class VLLMRollout(Rollout):
             seed=seed,
             enable_prefix_caching=True,
         )
-        if placement == "colocated":
-            kwargs["enable_sleep_mode"] = True
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                # Join the trainer's process group instead of starting one (verl's arrangement): each rank's engine
-                # is an "external data-parallel" replica; tensor-parallel ranks must pass identical prompts.
-                rank = torch.distributed.get_rank()
-                os.environ.setdefault("RANK", str(rank))
-                os.environ.setdefault("LOCAL_RANK", str(torch.cuda.current_device()))
-                kwargs["distributed_executor_backend"] = "external_launcher"
-                kwargs["seed"] = seed + rank // tensor_parallel_size
-        else:
-            from vllm.config import WeightTransferConfig
-
-            kwargs["weight_transfer_config"] = WeightTransferConfig(backend=weight_transfer)
-            if tensor_parallel_size > 1:
-                # inside a Ray actor vLLM would pick its Ray executor and ask Ray for GPUs this actor already holds
-                kwargs["distributed_executor_backend"] = "mp"
+        kwargs.update(self.placement_kwargs(seed=seed, tensor_parallel_size=tensor_parallel_size))
         kwargs.update(engine_kwargs)
         self.llm = LLM(**kwargs)
         self.tied = bool(getattr(self.llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False))
-        self._asleep: set[str] = set()
         self._weights_stale = load_format == "dummy"
+
+    def placement_kwargs(self, *, seed: int, tensor_parallel_size: int) -> dict[str, Any]:
+        """The engine arguments this placement adds."""
+        return {}
 
     # --- generation -------------------------------------------------------------------------------------------
 
@@ -223,7 +200,6 @@ class VLLMRollout(Rollout):
                 "the vLLM engine holds no weights (level-2 sleep or load_format dummy); call "
                 "update_weights with the actor's weights before generate"
             )
-        self.wake()
         params = self.sampling_params(
             n, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens
         )
@@ -258,6 +234,66 @@ class VLLMRollout(Rollout):
             log_probs = log_probs * response_mask
         return RolloutBatch(ids, mask, responses, response_mask, log_probs)
 
+    def shutdown(self) -> None:
+        """Free the engine (tests and benchmarks that build several engines in one process)."""
+        import gc
+
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        engine = getattr(llm, "llm_engine", None)
+        if engine is not None and hasattr(engine, "engine_core"):
+            with contextlib.suppress(Exception):
+                engine.engine_core.shutdown()
+        self.llm = None
+        del llm, engine
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+class VLLMRollout(VLLMEngine, ColocatedRollout):
+    """The colocated engine: inside the actor rank's process, asleep while training runs, weights streamed in by
+    :meth:`update_weights`."""
+
+    def __init__(
+        self, model_path: str, *, bucket_mb: int = DEFAULT_BUCKET_MB, sleep_level: int = 2, **kwargs: Any
+    ) -> None:
+        if sleep_level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 (weights to CPU) or 2 (weights dropped), got {sleep_level}")
+        self.bucket_bytes = bucket_mb * 1024 * 1024
+        self.sleep_level = sleep_level
+        self._asleep: set[str] = set()
+        super().__init__(model_path, **kwargs)
+
+    def placement_kwargs(self, *, seed: int, tensor_parallel_size: int) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"enable_sleep_mode": True}
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # Join the trainer's process group instead of starting one (verl's arrangement): each rank's engine
+            # is an "external data-parallel" replica; tensor-parallel ranks must pass identical prompts.
+            rank = torch.distributed.get_rank()
+            os.environ.setdefault("RANK", str(rank))
+            os.environ.setdefault("LOCAL_RANK", str(torch.cuda.current_device()))
+            kwargs["distributed_executor_backend"] = "external_launcher"
+            kwargs["seed"] = seed + rank // tensor_parallel_size
+        return kwargs
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        *,
+        temperature: float,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        max_new_tokens: int,
+    ) -> RolloutBatch:
+        """Wakes the engine first (a no-op when awake)."""
+        if not self._weights_stale:
+            self.wake()
+        return super().generate(
+            prompts, n, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens
+        )
+
     # --- weights ----------------------------------------------------------------------------------------------
 
     def load_bucket(self, bucket: Bucket) -> None:
@@ -271,11 +307,6 @@ class VLLMRollout(Rollout):
         ``named_tensors`` is consumed lazily, so a generator of FSDP ``full_tensor()`` gathers (e.g.
         ``fsdp.full_named_parameters``) keeps at most one bucket of full tensors alive.
         """
-        if self.placement != "colocated":
-            raise RuntimeError(
-                "a separate vLLM engine receives weights from the trainer "
-                "(weight_sync.WeightBroadcaster), not update_weights"
-            )
         self._wake({"weights"})
         named = rollout_named_tensors(named_tensors, tied=self.tied, dtype=self.dtype, device=self.device)
         for bucket in bucketed(named, self.bucket_bytes):
@@ -285,24 +316,11 @@ class VLLMRollout(Rollout):
         if not self._asleep:
             self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
 
-    # engine side of WeightBroadcaster.send (separate placement): start, one update per buffer or broadcast, finish
-
-    def start_weight_update(self) -> None:
-        self.llm.start_weight_update()
-
-    def receive_weights(self, update_info: dict[str, Any]) -> None:
-        self.llm.update_weights({"update_info": update_info})
-
-    def finish_weight_update(self) -> None:
-        self.llm.finish_weight_update()
-        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
-        self._weights_stale = False
-
     # --- memory -----------------------------------------------------------------------------------------------
 
     def sleep(self) -> None:
         """Release the engine's GPU memory (level 2: weights and KV cache dropped; level 1: weights to CPU)."""
-        if self.placement != "colocated" or self._asleep:
+        if self._asleep:
             return
         torch.cuda.synchronize()
         self.llm.sleep(level=self.sleep_level)
@@ -333,21 +351,39 @@ class VLLMRollout(Rollout):
     def asleep(self) -> bool:
         return bool(self._asleep)
 
-    def shutdown(self) -> None:
-        """Free the engine (tests and benchmarks that build several engines in one process)."""
-        import gc
 
-        llm = getattr(self, "llm", None)
-        if llm is None:
-            return
-        engine = getattr(llm, "llm_engine", None)
-        if engine is not None and hasattr(engine, "engine_core"):
-            with contextlib.suppress(Exception):
-                engine.engine_core.shutdown()
-        self.llm = None
-        del llm, engine
-        gc.collect()
-        torch.cuda.empty_cache()
+class SeparateVLLMEngine(VLLMEngine):
+    """A separate engine (in a :class:`VLLMEngineActor`): it never sleeps, and the trainer ranks send it weights
+    over NCCL or CUDA IPC (:class:`kuberl.trainer.weight_sync.WeightBroadcaster`)."""
+
+    def __init__(self, model_path: str, *, weight_transfer: str = "nccl", **kwargs: Any) -> None:
+        if weight_transfer not in TRANSPORTS:
+            raise ValueError(f"weight transfer {weight_transfer!r} is not one of {TRANSPORTS}")
+        self.weight_transfer = weight_transfer
+        self.in_process = weight_transfer == "ipc"  # CUDA IPC handles must reach the weight loader directly
+        super().__init__(model_path, **kwargs)
+
+    def placement_kwargs(self, *, seed: int, tensor_parallel_size: int) -> dict[str, Any]:
+        from vllm.config import WeightTransferConfig
+
+        kwargs: dict[str, Any] = {"weight_transfer_config": WeightTransferConfig(backend=self.weight_transfer)}
+        if tensor_parallel_size > 1:
+            # inside a Ray actor vLLM would pick its Ray executor and ask Ray for GPUs this actor already holds
+            kwargs["distributed_executor_backend"] = "mp"
+        return kwargs
+
+    # engine side of WeightBroadcaster.send: start, one update per buffer or broadcast, finish
+
+    def start_weight_update(self) -> None:
+        self.llm.start_weight_update()
+
+    def receive_weights(self, update_info: dict[str, Any]) -> None:
+        self.llm.update_weights({"update_info": update_info})
+
+    def finish_weight_update(self) -> None:
+        self.llm.finish_weight_update()
+        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        self._weights_stale = False
 
 
 # --- separate placement -------------------------------------------------------------------------------------
@@ -357,8 +393,7 @@ class VLLMEngineActor:
     """A Ray actor holding one engine of a separate rollout (placed by :func:`layout.engine_actor_options`)."""
 
     def __init__(self, model_path: str, **kwargs: Any) -> None:
-        kwargs["placement"] = "separate"
-        self.rollout = VLLMRollout(model_path, **kwargs)
+        self.rollout = SeparateVLLMEngine(model_path, **kwargs)
 
     def generate(self, prompts: list[list[int]], n: int, sampling: dict[str, Any]) -> dict[str, Tensor]:
         return self.rollout.generate(prompts, n, **sampling).as_rows()
@@ -382,7 +417,7 @@ class VLLMEngineActor:
 class VLLMEngineGroup(Rollout):
     """Driver-side view of the separate engines: prompts are split evenly (whole prompts, so a GRPO group stays on
     one engine) and the batches concatenated in prompt order. Weights arrive from the trainer ranks
-    (``WeightBroadcaster``), so :meth:`update_weights` is refused here."""
+    (``WeightBroadcaster``), not through the driver."""
 
     def __init__(self, engines: Sequence[Any], *, pad_id: int) -> None:
         if not engines:
@@ -435,12 +470,6 @@ class VLLMEngineGroup(Rollout):
             merged["responses"],
             merged["response_mask"],
             merged.get("rollout_log_probs"),
-        )
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
-        raise RuntimeError(
-            "separate vLLM engines receive weights from the trainer ranks "
-            "(weight_sync.WeightBroadcaster.send_fsdp on every trainer rank)"
         )
 
     def kill(self) -> None:

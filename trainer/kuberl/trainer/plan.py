@@ -1,0 +1,109 @@
+"""The execution plan: every derived decision of a run, made once on the driver and handed to the workers.
+
+The API's :class:`~kuberl.api.batching.BatchPlan` holds what the spec alone decides (rows, ranks, optimizer steps);
+this adds how each role cuts its rows into micro-batches, where the rollout runs (which needs the Ray cluster) and
+the vLLM engine's arguments. Workers and rollouts read these and never derive them from the spec again
+(torchtitan's ``ParallelDims`` habit; verl re-normalises its config inside every worker).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kuberl.api.batching import BatchPlan, plan_batches
+from kuberl.api.spec import RLJobSpec
+from kuberl.trainer.rollout.layout import RolloutLayout, plan_rollout_layout
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    """How one rank cuts its rows for one role: ``size`` rows per micro-batch, or, with dynamic batching
+    (``size`` None), micro-batches of at most ``max_tokens`` prompt + response tokens."""
+
+    size: int | None
+    max_tokens: int | None
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """The vLLM engine's arguments, the same for a colocated engine and every separate one."""
+
+    model_path: str
+    dtype: str
+    seed: int
+    """Engine ``i`` (separate) or rank ``r`` (colocated) adds its index."""
+    tensor_parallel_size: int
+    gpu_memory_utilization: float
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    enforce_eager: bool
+    calculate_log_probs: bool
+    load_format: str = "dummy"
+    """The trainer sends the weights before the first rollout: no checkpoint read."""
+
+    def kwargs(self) -> dict[str, Any]:
+        """Everything but ``model_path``, as keyword arguments of the engine classes."""
+        out = asdict(self)
+        del out["model_path"]
+        return out
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    batch: BatchPlan
+    actor_update: MicroBatching
+    """The policy's update (batch.ppoMicroBatchSizePerGPU)."""
+    log_prob: MicroBatching
+    """Forward-only passes of the policy and the reference (batch.logProbMicroBatchSizePerGPU)."""
+    critic_update: MicroBatching
+    """The value model's update (critic.ppoMicroBatchSizePerGPU, else the actor's)."""
+    critic_forward: MicroBatching
+    """Forward-only values (batch.logProbMicroBatchSizePerGPU, else the critic's update size)."""
+    rollout: RolloutLayout
+    engine: EngineArgs | None
+    """None with ``rollout.engine: hf``."""
+    uses_reference: bool
+    """A frozen reference policy is needed (KL in the reward or in the loss)."""
+    uses_critic: bool
+    """A value model is trained (the gae estimator)."""
+
+
+def plan_execution(spec: RLJobSpec, *, cluster_gpus: float = 0.0, rollout_pool_labelled: bool = False) -> ExecutionPlan:
+    """The plan of ``spec`` on a Ray cluster with ``cluster_gpus`` GPUs (whose rollout pool is labelled or not; see
+    :func:`~kuberl.trainer.rollout.layout.plan_rollout_layout`). Assumes ``spec`` passed validation."""
+    batch = plan_batches(spec)
+    dynamic = spec.batch.dynamic_batch_size
+    tokens = dynamic.max_token_len_per_gpu if dynamic.enabled else None
+    critic_size = None
+    if not dynamic.enabled:
+        own = spec.critic.ppo_micro_batch_size_per_gpu if spec.critic else None
+        critic_size = own or batch.micro_batch_size_per_gpu
+    forward_size = None if dynamic.enabled else spec.batch.log_prob_micro_batch_size_per_gpu
+    r = spec.rollout
+    engine = None
+    if r.engine == "vllm":
+        engine = EngineArgs(
+            model_path=spec.model.path,
+            dtype=spec.model.dtype,
+            seed=spec.data.seed,
+            tensor_parallel_size=r.tensor_parallel_size,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            max_model_len=spec.data.max_prompt_length + spec.data.max_response_length,
+            max_num_batched_tokens=r.max_num_batched_tokens,
+            max_num_seqs=r.max_num_seqs,
+            enforce_eager=r.enforce_eager,
+            calculate_log_probs=r.calculate_log_probs,
+        )
+    return ExecutionPlan(
+        batch=batch,
+        actor_update=MicroBatching(batch.micro_batch_size_per_gpu, tokens),
+        log_prob=MicroBatching(batch.log_prob_micro_batch_size_per_gpu, tokens),
+        critic_update=MicroBatching(critic_size, tokens),
+        critic_forward=MicroBatching(forward_size or critic_size, tokens),
+        rollout=plan_rollout_layout(spec, cluster_gpus=cluster_gpus, rollout_pool_labelled=rollout_pool_labelled),
+        engine=engine,
+        uses_reference=spec.algorithm.kl.in_reward or spec.algorithm.kl.loss.enabled,
+        uses_critic=spec.algorithm.advantage_estimator == "gae",
+    )
