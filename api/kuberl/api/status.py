@@ -31,6 +31,7 @@ class ConditionType(StrEnum):
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    CLUSTER_READY = "ClusterReady"  # False with the first cause that blocks the Ray cluster's pods (diagnosis.py)
 
 
 class StatusModel(BaseModel):

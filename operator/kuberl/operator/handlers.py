@@ -4,12 +4,14 @@ RLJob create/resume → validate, create-or-adopt the ConfigMap and the RayJob, 
 RLJob spec update   → propagate runPolicy.suspend (and the template while no Ray cluster exists).
 RayJob event        → recompute the owning RLJob's status (phase, conditions, Events).
 RLJob event         → the `kuberl_operator_rljobs{phase}` gauge.
+A thread (clusterwatch.py) → ClusterReady=False with the cause that blocks a waiting RLJob's Ray cluster.
 No delete handler: the children carry controller owner references, the garbage collector removes them;
 hence no finalizer, and deleting an RLJob never waits for the operator.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from typing import Any
@@ -18,7 +20,7 @@ import kopf
 from kubernetes import client, config
 
 from kuberl.api.spec import GROUP, PLURAL, VERSION
-from kuberl.operator import metrics, reconcile
+from kuberl.operator import clusterwatch, metrics, reconcile
 from kuberl.operator.rayjob import RLJOB_LABEL
 from kuberl.operator.settings import OperatorConfig, configure
 
@@ -56,6 +58,16 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
             daemon=True,
         )
         thread.start()
+    if cfg.diagnose_seconds > 0:
+        namespaces = None if cfg.all_namespaces else list(cfg.namespaces)
+        # run in a copy of this handler's context: kopf.event() finds the operator's Event queue there
+        diagnose = contextvars.copy_context()
+        threading.Thread(
+            target=diagnose.run,
+            args=(clusterwatch.run, memo.api, namespaces, cfg.diagnose_seconds, memo.stop),
+            name="kuberl-diagnose",
+            daemon=True,
+        ).start()
 
 
 @kopf.on.cleanup()
