@@ -14,8 +14,8 @@ service-account signing key. KubeRay's CRDs (all of them, from the ray-operator 
 and kuberl's `crds/rljob.yaml` (when present) are installed and Established before kube-controller-manager starts,
 so that its garbage collector knows their resources from its first second; a CRD the apiserver refuses is recorded in
 `crd_errors`, not raised, so that the tests that need it can report the apiserver's message. kube-controller-manager
-runs the garbage collector, namespace, service-account, root-CA publisher, ClusterRole aggregation and Job
-controllers. No scheduler, no kubelet: pods stay Pending.
+runs the garbage collector, namespace, service-account, root-CA publisher, ClusterRole aggregation, Job and
+ResourceQuota controllers. No scheduler, no kubelet: pods stay Pending.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ ALL_TOOLS = (*K8S_TOOLS, "helm", "ray-operator")
 
 # kube-controller-manager's controllers that need neither nodes nor a cloud: GC of owned objects, namespace
 # deletion, the `default` ServiceAccount and the `kube-root-ca.crt` ConfigMap in every namespace, the
-# aggregation that fills the `view`/`edit`/`admin` ClusterRoles (also from `aggregate-to-*` labelled roles), and Jobs.
+# aggregation that fills the `view`/`edit`/`admin` ClusterRoles (also from `aggregate-to-*` labelled roles), Jobs,
+# and ResourceQuota usage.
 CONTROLLERS = (
     "clusterrole-aggregation-controller",
     "garbage-collector-controller",
@@ -63,6 +64,7 @@ CONTROLLERS = (
     "serviceaccount-token-controller",
     "root-ca-certificate-publisher-controller",
     "job-controller",  # KubeRay's submitter is a batch/v1 Job
+    "resourcequota-controller",  # quota admission refuses pods until this fills the ResourceQuota's status
 )
 
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, cast
 
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from kuberl.api.status import TERMINAL_PHASES, ConditionType, Phase
 from kuberl.operator import metrics
@@ -25,10 +27,11 @@ from kuberl.operator.status import Event, get_condition
 
 log = logging.getLogger("kuberl.operator")
 WAITING_PHASES = frozenset({Phase.PENDING, Phase.RESTARTING})
+EVENT_COMPONENT = "kuberl-operator"  # settings.posting.reporting_component
 
 
 class ClusterReads:
-    """The two reads of the diagnosis, on the operator's connection pool."""
+    """The reads of the diagnosis and its Event, on the operator's connection pool."""
 
     def __init__(self, api: Api) -> None:
         self.core = client.CoreV1Api(api.client)
@@ -38,6 +41,35 @@ class ClusterReads:
         listing = self.core.list_namespaced_pod(namespace, label_selector=f"{RAY_CLUSTER_LABEL}={cluster}")
         items: list[dict[str, Any]] = self.api.client.sanitize_for_serialization(listing)["items"]
         return items
+
+    def post_event(self, rljob: dict[str, Any], event: Event) -> None:
+        """A core/v1 Event on the RLJob, as kopf posts them (same component, so `kubectl describe` groups them)."""
+        meta = rljob["metadata"]
+        now = datetime.now(UTC)
+        body = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": rljob["apiVersion"],
+                "kind": rljob["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+                "resourceVersion": meta["resourceVersion"],
+            },
+            "type": event.type,
+            "reason": event.reason,
+            "message": event.message[:1024],
+            "source": {"component": EVENT_COMPONENT},
+            "reportingComponent": EVENT_COMPONENT,
+            "reportingInstance": EVENT_COMPONENT,
+            "firstTimestamp": now.isoformat(),
+            "lastTimestamp": now.isoformat(),
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(meta["namespace"], cast(client.CoreV1Event, body))
+        except ApiException as exc:  # an Event is a courtesy: the condition already carries the cause
+            log.warning("could not post Event %s on %s: %s", event.reason, meta["name"], exc.reason)
 
     def warning_events(self, namespace: str) -> list[dict[str, Any]]:
         listing = self.core.list_namespaced_event(namespace, field_selector="type=Warning")
@@ -65,25 +97,33 @@ def diagnose(api: Api, reads: ClusterReads, namespaces: list[str | None]) -> int
         for rljob in api.list_rljobs(scope):
             if not needs_diagnosis(rljob):
                 continue
-            meta, cluster = rljob["metadata"], rljob["status"]["rayClusterName"]
-            namespace = meta["namespace"]
+            namespace = rljob["metadata"]["namespace"]
             if namespace not in events_of:
                 events_of[namespace] = reads.warning_events(namespace)
-            pods = reads.pods(namespace, cluster)
-            cause = blocking_cause(cluster, pods, events_of[namespace])
-            ready = pods_ready(pods)
-
-            def compute(
-                old: dict[str, Any], _rayjob: dict[str, Any] | None, cause: Any = cause, ready: bool = ready
-            ) -> tuple[dict[str, Any], list[Event]]:
-                return cluster_ready_status(old, cause, ready)
-
-            before = meta["resourceVersion"]
-            after = write_status(api, namespace, meta["name"], compute, uid=meta["uid"], rljob=rljob, rayjob=None)
-            if after is not None and after["metadata"]["resourceVersion"] != before:
-                writes += 1
-                log.info("RLJob %s/%s: ClusterReady %s", namespace, meta["name"], cause or "cleared")
+            writes += diagnose_one(api, reads, rljob, events_of[namespace])
     return writes
+
+
+def diagnose_one(api: Api, reads: ClusterReads, rljob: dict[str, Any], warnings: list[dict[str, Any]]) -> bool:
+    """Write the RLJob's ClusterReady for its cluster's pods and `warnings`; True when the status changed."""
+    meta, cluster = rljob["metadata"], rljob["status"]["rayClusterName"]
+    pods = reads.pods(meta["namespace"], cluster)
+    cause = blocking_cause(cluster, pods, warnings)
+    ready = pods_ready(pods)
+    events: list[Event] = []
+
+    def compute(old: dict[str, Any], _rayjob: dict[str, Any] | None) -> tuple[dict[str, Any], list[Event]]:
+        new, wanted = cluster_ready_status(old, cause, ready)
+        events[:] = wanted
+        return new, []  # posted below: kopf.event() has no Event queue outside kopf's handlers
+
+    after = write_status(api, meta["namespace"], meta["name"], compute, uid=meta["uid"], rljob=rljob, rayjob=None)
+    if after is None or after["metadata"]["resourceVersion"] == meta["resourceVersion"]:
+        return False
+    log.info("RLJob %s/%s: ClusterReady %s", meta["namespace"], meta["name"], cause or "cleared")
+    for event in events:
+        reads.post_event(after, event)
+    return True
 
 
 def run(api: Api, namespaces: list[str] | None, every: float, stop: threading.Event) -> None:
