@@ -1,6 +1,7 @@
 """kopf handlers: short functions that delegate to `reconcile` (I/O) and `rayjob`/`status` (pure).
 
-RLJob create/resume → validate, create-or-adopt the ConfigMap and the RayJob, write status.
+RLJob create/resume → check KubeRay's version (kuberay_support.py), validate, create-or-adopt the ConfigMap and the
+                      RayJob, write status.
 RLJob spec update   → propagate runPolicy.suspend (and the template while no Ray cluster exists).
 RayJob event        → recompute the owning RLJob's status (phase, conditions, Events).
 RLJob event         → the `kuberl_operator_rljobs{phase}` gauge.
@@ -20,7 +21,7 @@ import kopf
 from kubernetes import client, config
 
 from kuberl.api.spec import GROUP, PLURAL, VERSION
-from kuberl.operator import clusterwatch, metrics, reconcile
+from kuberl.operator import clusterwatch, kuberay_support, metrics, reconcile
 from kuberl.operator.rayjob import RLJOB_LABEL
 from kuberl.operator.settings import OperatorConfig, configure
 
@@ -48,6 +49,9 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     cfg = _config(memo)
     configure(settings, max_workers=cfg.max_workers)
     memo.api = reconcile.Api(kube_client(cfg.max_workers))
+    memo.kuberay = kuberay_support.Gate(memo.api)
+    if memo.kuberay.problem:
+        log.error("not reconciling RLJobs: %s", memo.kuberay.problem)
     memo.stop = threading.Event()
     if cfg.resync_seconds > 0:
         namespaces = None if cfg.all_namespaces else list(cfg.namespaces)
@@ -91,12 +95,14 @@ def _resync_loop(api: reconcile.Api, namespaces: list[str] | None, every: float,
 @kopf.on.create(GROUP, VERSION, PLURAL)
 def rljob_created(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     with metrics.reconciling("create"):
+        memo.kuberay.require(body)
         reconcile.ensure(memo.api, body, logger)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 def rljob_resumed(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     with metrics.reconciling("resume"):
+        memo.kuberay.require(body)
         reconcile.ensure(memo.api, body, logger)
 
 
