@@ -1,12 +1,14 @@
 """The operator with KubeRay's real controller (not the simulator), which runs with its own ClusterRole.
 
-No scheduler and no kubelet here: pods stay Pending, so these tests cover what KubeRay does before a pod runs
-(RayCluster, Service, pod creation, refusals, its finalizer on deletion) and what the RLJob says about it.
+Without a scheduler and a kubelet pods stay Pending: those tests cover what KubeRay does before a pod runs
+(RayCluster, Service, pod creation, refusals, its finalizer on deletion). With the stand-in kubelet
+(`e2e/kubelet.py`) pods are scheduled, run, or fail to, and the RLJob says why.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.harness import Cluster
+from e2e.kubelet import FakeNode, StandInKubelet
 from e2e.kuberay import KubeRay
 from e2e.operator.manifests import rljob
 from e2e.operator.process import OperatorProcess
@@ -133,3 +136,73 @@ def test_deleting_the_rljob_collects_rayjob_raycluster_pods_and_configmap(
     wait_until("RayCluster collected", lambda: not rayclusters(k, "gone"), timeout=30)
     wait_until("pods collected", lambda: not ray_pods(k, name), timeout=30)
     wait_until("ConfigMap collected", configmap_gone, timeout=30)
+
+
+@pytest.fixture
+def kubelet(kube: client.ApiClient, namespace: str) -> Iterator[StandInKubelet]:
+    """One small CPU node (1 core): the tests' Ray pods (2 cores each) do not fit until a test adds a node."""
+    suffix = namespace[-6:]
+    running = StandInKubelet(kube, namespace, [FakeNode(f"small-{suffix}", cpu="1")]).start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def big_node(k: Kube) -> FakeNode:
+    return FakeNode(f"big-{k.ns[-6:]}", cpu="32", memory="128Gi")
+
+
+def wait_unblocked(k: Kube, name: str) -> dict[str, Any]:
+    return wait_until(
+        f"ClusterReady of {name} no longer False",
+        lambda: (c := cluster_ready(k, name)) and c["status"] != "False" and c,
+        timeout=DIAGNOSIS_TIMEOUT,
+    )
+
+
+def test_unschedulable_pods_quote_the_scheduler_until_a_node_fits(
+    operator: OperatorProcess, kuberay: KubeRay, kubelet: StandInKubelet, k: Kube
+) -> None:
+    k.create_rljob(rljob("nofit"))
+    blocked = wait_blocked(k, "nofit", "Unschedulable")
+    assert "0/1 nodes are available: 1 Insufficient cpu." in blocked["message"]
+    kubelet.add_node(big_node(k))
+    ready = wait_until(
+        "ClusterReady=True", lambda: (c := cluster_ready(k, "nofit")) and c["status"] == "True" and c, timeout=30
+    )
+    assert ready["reason"] == "RayClusterReady"
+
+
+def test_a_gpu_request_no_node_has_is_unschedulable(
+    operator: OperatorProcess, kuberay: KubeRay, kubelet: StandInKubelet, k: Kube
+) -> None:
+    kubelet.add_node(big_node(k))
+    k.create_rljob(rljob("gpus", **{"cluster.device": "cuda"}))
+    blocked = wait_blocked(k, "gpus", "Unschedulable")
+    assert "Insufficient nvidia.com/gpu" in blocked["message"]
+
+
+def test_an_image_that_cannot_be_pulled_is_image_pull_back_off_until_it_can(
+    operator: OperatorProcess, kuberay: KubeRay, kubelet: StandInKubelet, k: Kube
+) -> None:
+    image = "registry.example/kuberl/trainer:missing"
+    kubelet.add_node(big_node(k))
+    kubelet.pull_failures.add(image)
+    k.create_rljob(rljob("pull", **{"cluster.image": image}))
+    blocked = wait_blocked(k, "pull", "ImagePullBackOff")
+    assert f'Back-off pulling image "{image}"' in blocked["message"]
+    kubelet.pull_failures.discard(image)
+    wait_unblocked(k, "pull")
+
+
+def test_a_crashing_container_is_crash_loop_back_off(
+    operator: OperatorProcess, kuberay: KubeRay, kubelet: StandInKubelet, k: Kube
+) -> None:
+    image = "registry.example/kuberl/trainer:crashes"
+    kubelet.add_node(big_node(k))
+    kubelet.crash_images.add(image)
+    k.create_rljob(rljob("crash", **{"cluster.image": image}))
+    blocked = wait_blocked(k, "crash", "CrashLoopBackOff")
+    assert "back-off 10s restarting failed container" in blocked["message"]
+    assert "last exit: exit code 1 (Error)" in blocked["message"]
