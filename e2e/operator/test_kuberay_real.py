@@ -114,30 +114,6 @@ def test_an_exceeded_quota_is_quota_exceeded_until_it_is_lifted(
     )
 
 
-def test_deleting_the_rljob_collects_rayjob_raycluster_pods_and_configmap(
-    operator: OperatorProcess, kuberay: KubeRay, k: Kube
-) -> None:
-    """KubeRay puts a finalizer on the RayJob: with KubeRay running, deletion completes and leaves nothing."""
-    k.create_rljob(rljob("gone"))
-    (raycluster,) = wait_until("RayCluster", lambda: rayclusters(k, "gone"))
-    name = raycluster["metadata"]["name"]
-    wait_until("pods", lambda: ray_pods(k, name))
-    assert k.rayjob("gone")["metadata"].get("finalizers"), "KubeRay v1.5 finalizes RayJobs"
-    k.custom.delete_namespaced_custom_object(GROUP, VERSION, k.ns, PLURAL, "gone")
-
-    def configmap_gone() -> bool:
-        try:
-            k.configmap("gone-spec")
-            return False
-        except ApiException as exc:
-            return exc.status == 404
-
-    wait_until("RayJob collected", lambda: not k.rayjobs("kuberl.io/rljob=gone"), timeout=30)
-    wait_until("RayCluster collected", lambda: not rayclusters(k, "gone"), timeout=30)
-    wait_until("pods collected", lambda: not ray_pods(k, name), timeout=30)
-    wait_until("ConfigMap collected", configmap_gone, timeout=30)
-
-
 @pytest.fixture
 def kubelet(kube: client.ApiClient, namespace: str) -> Iterator[StandInKubelet]:
     """One small CPU node (1 core): the tests' Ray pods (2 cores each) do not fit until a test adds a node."""
@@ -206,3 +182,33 @@ def test_a_crashing_container_is_crash_loop_back_off(
     blocked = wait_blocked(k, "crash", "CrashLoopBackOff")
     assert "back-off 10s restarting failed container" in blocked["message"]
     assert "last exit: exit code 1 (Error)" in blocked["message"]
+
+
+def test_deleting_the_rljob_collects_rayjob_raycluster_submitter_pods_and_configmap(
+    operator: OperatorProcess, kuberay: KubeRay, kubelet: StandInKubelet, k: Kube
+) -> None:
+    """KubeRay finalizes RayJobs: with KubeRay running, deletion completes and leaves nothing, running pods included."""
+    kubelet.add_node(big_node(k))
+    k.create_rljob(rljob("gone"))
+    wait_until("RayCluster", lambda: rayclusters(k, "gone"))
+    batch = client.BatchV1Api(k.core.api_client)
+    wait_until("the submitter Job, once the Ray cluster is ready", lambda: batch.list_namespaced_job(k.ns).items)
+    wait_until(
+        "its pod, completed",
+        lambda: [p for p in k.core.list_namespaced_pod(k.ns).items if p.status.phase == "Succeeded"],
+    )
+    assert k.rayjob("gone")["metadata"].get("finalizers"), "KubeRay v1.5 finalizes RayJobs"
+    k.custom.delete_namespaced_custom_object(GROUP, VERSION, k.ns, PLURAL, "gone")
+
+    def configmap_gone() -> bool:
+        try:
+            k.configmap("gone-spec")
+            return False
+        except ApiException as exc:
+            return exc.status == 404
+
+    wait_until("RayJob collected", lambda: not k.rayjobs("kuberl.io/rljob=gone"), timeout=30)
+    wait_until("RayCluster collected", lambda: not rayclusters(k, "gone"), timeout=30)
+    wait_until("submitter Job collected", lambda: not batch.list_namespaced_job(k.ns).items, timeout=30)
+    wait_until("every pod collected", lambda: not k.core.list_namespaced_pod(k.ns).items, timeout=30)
+    wait_until("ConfigMap collected", configmap_gone, timeout=30)
