@@ -1,9 +1,10 @@
 """The loop that tells an RLJob why its Ray cluster is not running (the causes themselves: `diagnosis.py`).
 
-Every few seconds, per served namespace: list the RLJobs, and for each one whose Ray cluster exists but is not
-running yet (or that carries a `ClusterReady` condition that is not True), list the cluster's pods and the
-namespace's Warning Events (one list per namespace and tick, only when some RLJob waits) and write
-`ClusterReady` through `reconcile.write_status`. Reads only: pods and Events get/list (rbac.OPERATOR_RULES).
+The RLJob watch (handlers.rljob_seen) keeps `WAITING` up to date: the RLJobs whose Ray cluster exists but is not
+running yet (or that carry a `ClusterReady` condition that is not True). Every few seconds, for each of them, the
+loop lists the cluster's pods and the namespace's Warning Events (one list per namespace and tick) and writes
+`ClusterReady` through `reconcile.write_status`; with nothing waiting it makes no API call at all. Reads only:
+pods and Events get/list (rbac.OPERATOR_RULES).
 
 A thread rather than a kopf timer: a timer makes kopf put a finalizer on every RLJob, and RLJob deletion must not
 wait for the operator (handlers.py).
@@ -89,18 +90,38 @@ def needs_diagnosis(rljob: dict[str, Any]) -> bool:
     return phase not in TERMINAL_PHASES and condition is not None and condition.get("status") != "True"
 
 
-def diagnose(api: Api, reads: ClusterReads, namespaces: list[str | None]) -> int:
-    """One pass over `namespaces` (None: every namespace); returns how many RLJob statuses it changed."""
+class Waiting:
+    """The RLJobs that need a look, by uid, as last seen on the watch (thread-safe: fed by kopf, read by the loop)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rljobs: dict[str, dict[str, Any]] = {}
+
+    def observe(self, rljob: dict[str, Any], *, deleted: bool = False) -> None:
+        uid = rljob["metadata"]["uid"]
+        with self._lock:
+            if not deleted and needs_diagnosis(rljob):
+                self._rljobs[uid] = rljob
+            else:
+                self._rljobs.pop(uid, None)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._rljobs.values())
+
+
+WAITING = Waiting()
+
+
+def diagnose(api: Api, reads: ClusterReads, rljobs: list[dict[str, Any]]) -> int:
+    """Look at each of `rljobs`; returns how many RLJob statuses it changed."""
     writes = 0
-    for scope in namespaces:
-        events_of: dict[str, list[dict[str, Any]]] = {}
-        for rljob in api.list_rljobs(scope):
-            if not needs_diagnosis(rljob):
-                continue
-            namespace = rljob["metadata"]["namespace"]
-            if namespace not in events_of:
-                events_of[namespace] = reads.warning_events(namespace)
-            writes += diagnose_one(api, reads, rljob, events_of[namespace])
+    events_of: dict[str, list[dict[str, Any]]] = {}
+    for rljob in rljobs:
+        namespace = rljob["metadata"]["namespace"]
+        if namespace not in events_of:
+            events_of[namespace] = reads.warning_events(namespace)
+        writes += diagnose_one(api, reads, rljob, events_of[namespace])
     return writes
 
 
@@ -126,13 +147,15 @@ def diagnose_one(api: Api, reads: ClusterReads, rljob: dict[str, Any], warnings:
     return True
 
 
-def run(api: Api, namespaces: list[str] | None, every: float, stop: threading.Event) -> None:
-    """Diagnose every `every` seconds until `stop` is set; errors are logged and counted, the loop goes on."""
+def run(api: Api, waiting: Waiting, every: float, stop: threading.Event) -> None:
+    """Diagnose the waiting RLJobs every `every` seconds until `stop` is set; errors are logged, the loop goes on."""
     reads = ClusterReads(api)
-    scopes: list[str | None] = list(namespaces) if namespaces else [None]
     while not stop.wait(every):
+        rljobs = waiting.snapshot()
+        if not rljobs:
+            continue
         try:
             with metrics.reconciling("diagnose"):
-                diagnose(api, reads, scopes)
+                diagnose(api, reads, rljobs)
         except Exception:
             log.exception("diagnosing Ray clusters failed")

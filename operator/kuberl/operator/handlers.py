@@ -12,7 +12,6 @@ hence no finalizer, and deleting an RLJob never waits for the operator.
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import threading
 from typing import Any
@@ -63,12 +62,9 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         )
         thread.start()
     if cfg.diagnose_seconds > 0:
-        namespaces = None if cfg.all_namespaces else list(cfg.namespaces)
-        # run in a copy of this handler's context: kopf.event() finds the operator's Event queue there
-        diagnose = contextvars.copy_context()
         threading.Thread(
-            target=diagnose.run,
-            args=(clusterwatch.run, memo.api, namespaces, cfg.diagnose_seconds, memo.stop),
+            target=clusterwatch.run,
+            args=(memo.api, clusterwatch.WAITING, cfg.diagnose_seconds, memo.stop),
             name="kuberl-diagnose",
             daemon=True,
         ).start()
@@ -125,7 +121,9 @@ async def rljob_seen(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
     uid = body.get("metadata", {}).get("uid")
     if not uid:
         return
-    if event.get("type") == "DELETED":
+    deleted = event.get("type") == "DELETED"
+    clusterwatch.WAITING.observe(dict(body), deleted=deleted)
+    if deleted:
         metrics.PHASES.forget(uid)
     else:
         metrics.PHASES.observe(uid, (body.get("status") or {}).get("phase"))
