@@ -21,6 +21,7 @@ from e2e.kuberay import KubeRay
 from e2e.operator.manifests import rljob
 from e2e.operator.process import OperatorProcess
 from e2e.operator.test_operator import GROUP, PLURAL, VERSION, Kube, wait_until
+from kuberl.operator import rbac
 
 DIAGNOSIS_TIMEOUT = 30.0  # KubeRay's retry back-off plus the operator's 1 s diagnosis period, on 2 busy cores
 
@@ -212,3 +213,36 @@ def test_deleting_the_rljob_collects_rayjob_raycluster_submitter_pods_and_config
     wait_until("submitter Job collected", lambda: not batch.list_namespaced_job(k.ns).items, timeout=30)
     wait_until("every pod collected", lambda: not k.core.list_namespaced_pod(k.ns).items, timeout=30)
     wait_until("ConfigMap collected", configmap_gone, timeout=30)
+
+
+def test_the_diagnosis_needs_only_the_documented_rbac(
+    cluster: Cluster, kuberay: KubeRay, kubelet: StandInKubelet, k: Kube, tmp_path
+) -> None:
+    """The operator as `limited` with only rbac.OPERATOR_RULES: it reads pods and Events, writes the condition."""
+    cluster.apply(
+        [
+            rbac.role("kuberl-operator", k.ns, rbac.OPERATOR_RULES),
+            rbac.binding(
+                "kuberl-operator",
+                k.ns,
+                "kuberl-operator",
+                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "limited"},
+            ),
+        ]
+    )
+    proc = OperatorProcess(
+        kubeconfig=cluster.limited_kubeconfig,
+        log_dir=tmp_path / "op",
+        namespaces=(k.ns,),
+        extra_args=("--diagnose-seconds", "1"),
+    )
+    proc.start()
+    try:
+        k.create_rljob(rljob("least"))
+        blocked = wait_blocked(k, "least", "Unschedulable")
+        assert "0/1 nodes are available: 1 Insufficient cpu." in blocked["message"]
+        k.wait_events("least", ["Unschedulable"], timeout=10)
+        assert "forbidden" not in proc.logs().lower(), proc.logs()[-5000:]
+    finally:
+        proc.stop()
+        print(proc.logs()[-20000:])
