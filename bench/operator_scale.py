@@ -6,7 +6,12 @@ Starts etcd + kube-apiserver (e2e/harness.py), the operator as a process (`pytho
 --namespace bench`), then creates the RLJobs from a thread pool as fast as the apiserver takes them, and watches:
 - creation → RayJob latency: from the moment the client sent the RLJob's POST to the RayJob's ADDED watch event;
 - creation → status latency: until the RLJob's status carries `rayJobName` (the operator finished the reconcile);
-- the operator's RSS (VmRSS of its process) before, at peak (sampled every 100 ms) and after.
+- the operator's RSS (VmRSS of its process) before, at peak (sampled every 100 ms) and after;
+- the apiserver writes per RLJob (POST/PUT/PATCH/DELETE from the apiserver's own `apiserver_request_total`, by
+  resource, the client's RLJob POSTs not counted);
+- the floor: before the operator starts, a bare client does the essential writes of the same number of RLJobs
+  in namespace `bench-floor` from the same number of threads (create the RLJob, its ConfigMap and RayJob as the
+  operator renders them, one status patch); burst throughput is reported beside it.
 Prints one table; `--json` prints the numbers as JSON as well.
 """
 
@@ -33,8 +38,59 @@ from e2e.harness import Cluster  # noqa: E402
 from e2e.operator.crd import require_rljob_crd  # noqa: E402
 from e2e.operator.manifests import rljob  # noqa: E402
 from e2e.operator.process import OperatorProcess  # noqa: E402
+from kuberl.api.spec import RLJobSpec  # noqa: E402
+from kuberl.operator.rayjob import render_configmap, render_rayjob  # noqa: E402
 
 NAMESPACE = "bench"
+FLOOR_NAMESPACE = "bench-floor"
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def apiserver_writes(cluster: Cluster) -> dict[str, float]:
+    """Write requests the apiserver has served so far, by `resource[/subresource]` (its own counter)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, body = cluster.request("GET", "/metrics")
+    assert status == 200, status
+    writes: dict[str, float] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        if family.name != "apiserver_request":
+            continue
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name.endswith("_total") and labels.get("verb") in WRITE_VERBS:
+                key = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+                writes[key] = writes.get(key, 0.0) + sample.value
+    return writes
+
+
+def floor_run(custom: client.CustomObjectsApi, core: client.CoreV1Api, jobs: int, threads: int) -> float:
+    """Seconds a bare client takes for the essential writes of `jobs` RLJobs (RLJob, ConfigMap, RayJob, status)."""
+    spec = RLJobSpec.model_validate(rljob("x")["spec"])
+
+    def one(name: str) -> None:
+        created = custom.create_namespaced_custom_object(
+            "kuberl.io", "v1alpha1", FLOOR_NAMESPACE, "rljobs", rljob(name)
+        )
+        uid = created["metadata"]["uid"]
+        core.create_namespaced_config_map(FLOOR_NAMESPACE, render_configmap(name, FLOOR_NAMESPACE, uid, spec))
+        custom.create_namespaced_custom_object(
+            "ray.io", "v1", FLOOR_NAMESPACE, "rayjobs", render_rayjob(name, FLOOR_NAMESPACE, uid, spec)
+        )
+        custom.patch_namespaced_custom_object_status(
+            "kuberl.io",
+            "v1alpha1",
+            FLOOR_NAMESPACE,
+            "rljobs",
+            name,
+            {"status": {"phase": "Pending", "rayJobName": name, "message": "creating the RayJob"}},
+            _content_type="application/merge-patch+json",
+        )
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, [f"floor-{i:04d}" for i in range(jobs)]))
+    return time.monotonic() - t0
 
 
 def rss_mib(pid: int) -> float:
@@ -89,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--client-threads", type=int, default=32, help="threads creating RLJobs")
     parser.add_argument("--workers", type=int, default=16, help="operator --max-workers")
+    parser.add_argument("--rate", type=float, default=0.0, help="create RLJobs at this steady rate per s (0: burst)")
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -97,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         require_rljob_crd(cluster)
         api_client = cluster.api_client()
         custom = client.CustomObjectsApi(api_client)
-        client.CoreV1Api(api_client).create_namespace({"metadata": {"name": NAMESPACE}})
+        core = client.CoreV1Api(api_client)
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+        core.create_namespace({"metadata": {"name": FLOOR_NAMESPACE}})
+        floor_s = floor_run(custom, core, args.jobs, args.client_threads)
         log_dir = Path(cluster.workdir) / "operator"
         operator = OperatorProcess(
             kubeconfig=cluster.kubeconfig,
@@ -116,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             "benchmark client": os.getpid(),
         }
         cpu_before = {k: cpu_seconds(v) for k, v in pids.items()}
+        writes_before = apiserver_writes(cluster)
 
         rayjobs = Watcher(
             custom.list_namespaced_custom_object,
@@ -154,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         sent: dict[str, float] = {}
 
         def create(name: str) -> None:
+            if args.rate > 0:  # a steady arrival rate: the i-th RLJob is sent i / rate seconds after the first
+                delay = t0 + names.index(name) / args.rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
             sent[name] = time.monotonic()
             custom.create_namespaced_custom_object("kuberl.io", "v1alpha1", NAMESPACE, "rljobs", rljob(name))
 
@@ -166,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.1)
         all_done_s = time.monotonic() - t0
         time.sleep(2)
+        writes_after = apiserver_writes(cluster)
         sampling.set()
         rss_after = rss_mib(pid)
         cpu_used = {k: round(cpu_seconds(v) - cpu_before[k], 1) for k, v in pids.items()}
@@ -196,8 +262,17 @@ def main(argv: list[str] | None = None) -> int:
         for h, d in durations.items()
         if d.get("count")
     }
+    writes = {k: v - writes_before.get(k, 0.0) for k, v in writes_after.items()}
+    writes["rljobs"] = writes.get("rljobs", 0.0) - args.jobs  # the benchmark client's own creates
+    per_job = {k: round(v / args.jobs, 2) for k, v in sorted(writes.items()) if v > 0}
+    throughput = args.jobs / all_done_s
+    floor_throughput = args.jobs / floor_s
     result = {
         "jobs": args.jobs,
+        "apiserver_writes_per_rljob": {"total": round(sum(per_job.values()), 2), **per_job},
+        "burst_rljobs_per_s": round(throughput, 1),
+        "floor_rljobs_per_s": round(floor_throughput, 1),
+        "burst_vs_floor": round(throughput / floor_throughput, 2),
         "operator_max_workers": args.workers,
         "rayjobs_in_namespace": count,
         "rljobs_with_status": with_status,
@@ -230,6 +305,14 @@ def main(argv: list[str] | None = None) -> int:
     for label, key in (("creation → RayJob", "rayjob_latency_s"), ("creation → status", "status_latency_s")):
         r = result[key]
         print(f"{label:24}{r['p50']:>8.3f}{r['p99']:>8.3f}{r['max']:>8.3f}{r['n']:>6}")
+    print(
+        f"apiserver writes per RLJob: {result['apiserver_writes_per_rljob']['total']} "
+        f"({', '.join(f'{k} {v}' for k, v in per_job.items())})"
+    )
+    print(
+        f"burst throughput {throughput:.1f} RLJobs/s; floor (bare client: RLJob, ConfigMap, RayJob, one status "
+        f"patch) {floor_throughput:.1f} RLJobs/s; ratio {throughput / floor_throughput:.2f}"
+    )
     rss = result["operator_rss_mib"]
     print(f"operator RSS MiB: idle {rss['idle']}, peak {rss['peak']}, after {rss['after']}")
     print("handler runs (mean s): " + ", ".join(f"{h} {d['runs']} ({d['mean_s']})" for h, d in handler_mean_s.items()))

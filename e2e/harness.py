@@ -10,11 +10,12 @@ Or, for a shell: `python -m e2e.harness up` prints a KUBECONFIG to export and ru
 
 What runs: etcd (no fsync, data in a temp dir), kube-apiserver with `--authorization-mode=RBAC`, its own CA and
 serving cert, client-cert users `admin` (group system:masters) and `limited` (authenticated, no bindings), an ES256
-service-account signing key; kube-controller-manager with the garbage collector, namespace, service-account,
-root-CA publisher and ClusterRole aggregation controllers (owner-reference GC and namespace deletion work). No scheduler, no kubelet: pods stay
-Pending. KubeRay's CRDs (`../shared/kuberay-crds/`) and kuberl's `crds/rljob.yaml` (when present) are installed and
-Established before `start()` returns; a CRD the apiserver refuses is recorded in `crd_errors`, not raised, so that
-the tests that need it can report the apiserver's message.
+service-account signing key. KubeRay's CRDs (all of them, from the ray-operator Go module that `e2e/tools.sh` caches)
+and kuberl's `crds/rljob.yaml` (when present) are installed and Established before kube-controller-manager starts,
+so that its garbage collector knows their resources from its first second; a CRD the apiserver refuses is recorded in
+`crd_errors`, not raised, so that the tests that need it can report the apiserver's message. kube-controller-manager
+runs the garbage collector, namespace, service-account, root-CA publisher, ClusterRole aggregation, Job and
+ResourceQuota controllers. No scheduler, no kubelet: pods stay Pending.
 """
 
 from __future__ import annotations
@@ -49,11 +50,12 @@ VERSIONS_FILE = REPO_ROOT / "e2e" / "tools" / "versions.env"
 INSTALL_HINT = "bash e2e/tools.sh install"
 
 K8S_TOOLS = ("kube-apiserver", "kube-controller-manager", "kubectl", "etcd")
-ALL_TOOLS = (*K8S_TOOLS, "helm")
+ALL_TOOLS = (*K8S_TOOLS, "helm", "ray-operator")
 
 # kube-controller-manager's controllers that need neither nodes nor a cloud: GC of owned objects, namespace
-# deletion, the `default` ServiceAccount and the `kube-root-ca.crt` ConfigMap in every namespace, and the
-# aggregation that fills the `view`/`edit`/`admin` ClusterRoles (also from `aggregate-to-*` labelled roles).
+# deletion, the `default` ServiceAccount and the `kube-root-ca.crt` ConfigMap in every namespace, the
+# aggregation that fills the `view`/`edit`/`admin` ClusterRoles (also from `aggregate-to-*` labelled roles), Jobs,
+# and ResourceQuota usage.
 CONTROLLERS = (
     "clusterrole-aggregation-controller",
     "garbage-collector-controller",
@@ -61,6 +63,8 @@ CONTROLLERS = (
     "serviceaccount-controller",
     "serviceaccount-token-controller",
     "root-ca-certificate-publisher-controller",
+    "job-controller",  # KubeRay's submitter is a batch/v1 Job
+    "resourcequota-controller",  # quota admission refuses pods until this fills the ResourceQuota's status
 )
 
 
@@ -83,13 +87,9 @@ class CommandError(subprocess.CalledProcessError):
 KubectlError = CommandError
 
 
-def shared_dir() -> Path:
-    """The folder beside the repository that holds shared data (`KUBERL_SHARED_DIR` overrides it)."""
-    return Path(os.environ.get("KUBERL_SHARED_DIR", REPO_ROOT.parent / "shared"))
-
-
 def kuberay_crd_files() -> list[Path]:
-    return sorted((shared_dir() / "kuberay-crds").glob("*.yaml"))
+    """Every CRD of the supported KubeRay module version, as `e2e/tools.sh install` cached them."""
+    return sorted(Tools.from_env().kuberay_crd_dir().glob("*.yaml"))
 
 
 def rljob_crd_file() -> Path:
@@ -114,12 +114,29 @@ class Tools:
     root: Path
     k8s_version: str
     helm_version: str
+    kuberay_version: str
 
     @classmethod
     def from_env(cls) -> Tools:
         versions = _read_versions()
         root = Path(os.environ.get("KUBERL_TOOLS_DIR", Path.home() / ".cache" / "kuberl" / "tools")).expanduser()
-        return cls(root=root, k8s_version=versions["K8S_VERSION"], helm_version=versions["HELM_VERSION"])
+        return cls(
+            root=root,
+            k8s_version=versions["K8S_VERSION"],
+            helm_version=versions["HELM_VERSION"],
+            kuberay_version=versions["KUBERAY_VERSION"],
+        )
+
+    def kuberay_dir(self) -> Path:
+        return self.root / f"kuberay-{self.kuberay_version}"
+
+    def kuberay_crd_dir(self) -> Path:
+        """KubeRay's CRDs from the ray-operator module (`KUBERL_KUBERAY_CRDS` points at another folder)."""
+        return Path(os.environ.get("KUBERL_KUBERAY_CRDS", self.kuberay_dir() / "crds"))
+
+    def kuberay_role(self) -> Path:
+        """The ClusterRole KubeRay's own manifests (config/rbac/role.yaml) grant its controller."""
+        return self.kuberay_dir() / "rbac" / "role.yaml"
 
     def path(self, name: str) -> Path:
         override = os.environ.get("KUBERL_" + name.replace("-", "_").upper())
@@ -129,6 +146,8 @@ class Tools:
             return self.root / f"helm-{self.helm_version}" / "helm"
         if name in K8S_TOOLS:
             return self.root / f"kubernetes-{self.k8s_version}" / name
+        if name == "ray-operator":
+            return self.kuberay_dir() / name
         raise KeyError(name)
 
     def missing(self, names: Iterable[str] = ALL_TOOLS) -> list[str]:
@@ -181,6 +200,7 @@ class Cluster:
     tools: Tools = field(default_factory=Tools.from_env)
     controller_manager: bool = True
     install_crds: bool = True
+    kuberay_crds: bool = True
     extra_crds: tuple[Path, ...] = ()
     workdir: Path | None = None
     start_timeout: float = 60.0
@@ -212,10 +232,12 @@ class Cluster:
             self._start_apiserver()
             self.timings["apiserver_ready_s"] = time.monotonic() - t0
             self._write_kubeconfigs()
-            if self.controller_manager:
-                self._start_controller_manager()
             if self.install_crds:
                 self._install_crds()
+            # After the CRDs: the garbage collector reads API discovery once at start and then only every 30 s, so
+            # started earlier it would ignore objects owned by an RLJob (or a RayJob) for that long.
+            if self.controller_manager:
+                self._start_controller_manager()
             self.timings["ready_s"] = time.monotonic() - t0
         except BaseException:
             self.stop()
@@ -568,7 +590,7 @@ class Cluster:
         )
 
     def _install_crds(self) -> None:
-        files = [*kuberay_crd_files(), *self.extra_crds]
+        files = [*(kuberay_crd_files() if self.kuberay_crds else []), *self.extra_crds]
         if rljob_crd_file().exists():
             files.append(rljob_crd_file())
         # One kubectl per file, all at once: the apiserver compiles the schemas concurrently.

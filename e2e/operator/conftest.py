@@ -1,5 +1,5 @@
 """Fixtures of the operator's apiserver tests: the RLJob CRD, a running operator process per test, the KubeRay
-simulator."""
+simulator, and KubeRay's real controller."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
+from e2e.fixtures import require_tools
 from e2e.harness import Cluster, rljob_crd_file
+from e2e.kuberay import KubeRay
 from e2e.operator.crd import require_rljob_crd
 from e2e.operator.kuberay_sim import KubeRaySim
 from e2e.operator.process import OperatorProcess
@@ -40,7 +42,7 @@ def operator(cluster: Cluster, rljob_crd: dict, namespace: str, tmp_path: Path) 
         kubeconfig=cluster.kubeconfig,
         log_dir=tmp_path / "operator",
         namespaces=(namespace,),
-        extra_args=("--resync-seconds", "5"),
+        extra_args=("--resync-seconds", "5", "--diagnose-seconds", "1"),
     )
     proc.start()
     try:
@@ -48,3 +50,15 @@ def operator(cluster: Cluster, rljob_crd: dict, namespace: str, tmp_path: Path) 
     finally:
         proc.stop()
         print(proc.logs()[-20000:])
+
+
+@pytest.fixture
+def kuberay(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[KubeRay]:
+    """KubeRay's real controller watching the test's namespace, with its own ClusterRole; its log on teardown."""
+    require_tools(cluster.tools, ["ray-operator"])
+    running = KubeRay(cluster, namespaces=(namespace,), log_dir=tmp_path / "kuberay").start()
+    try:
+        yield running
+    finally:
+        running.stop()
+        print(running.log_tail(200))

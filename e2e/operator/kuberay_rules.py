@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import copy
-import os
 import re
 from functools import cache
 from pathlib import Path
@@ -20,7 +19,8 @@ from typing import Any
 import jsonschema
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from e2e.harness import INSTALL_HINT, ToolMissing, Tools
+
 MAX_RAYJOB_NAME = 47
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 QUALIFIED_NAME = re.compile(
@@ -31,8 +31,8 @@ SUBMISSION_MODES = ("K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode")
 
 
 def kuberay_crd_dir() -> Path:
-    shared = Path(os.environ.get("KUBERL_SHARED_DIR", REPO_ROOT.parent / "shared"))
-    return shared / "kuberay-crds"
+    """KubeRay's CRDs of the supported version, from the ray-operator Go module (`bash e2e/tools.sh install`)."""
+    return Tools.from_env().kuberay_crd_dir()
 
 
 def strictify(schema: Any) -> Any:
@@ -54,6 +54,8 @@ def strictify(schema: Any) -> Any:
 @cache
 def rayjob_validator() -> jsonschema.Draft7Validator:
     path = kuberay_crd_dir() / "ray.io_rayjobs.yaml"
+    if not path.is_file():
+        raise ToolMissing(f"KubeRay's RayJob CRD {path} is missing: run `{INSTALL_HINT}`")
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     crd = yaml.load(path.read_text(), Loader=loader)
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]

@@ -17,6 +17,7 @@ def test_tools_sh_env_and_the_harness_agree_on_every_tool_path(monkeypatch: pyte
     monkeypatch.setenv("KUBERL_TOOLS_DIR", str(tmp_path))
     for tool in ALL_TOOLS:
         monkeypatch.delenv("KUBERL_" + tool.replace("-", "_").upper(), raising=False)
+    monkeypatch.delenv("KUBERL_KUBERAY_CRDS", raising=False)
     out = subprocess.run(
         ["bash", str(REPO_ROOT / "e2e" / "tools.sh"), "env"], capture_output=True, text=True, check=True
     ).stdout
@@ -24,6 +25,13 @@ def test_tools_sh_env_and_the_harness_agree_on_every_tool_path(monkeypatch: pyte
     tools = Tools.from_env()
     for tool in ALL_TOOLS:
         assert printed["KUBERL_" + tool.replace("-", "_").upper()] == str(tools.path(tool))
+    assert printed["KUBERL_KUBERAY_CRDS"] == str(tools.kuberay_crd_dir())
+
+
+def test_the_kuberay_module_version_is_one_kuberl_supports():
+    """KubeRay < 1.5 prunes workerGroupSpecs[].labels (the pool label) from RayJobs."""
+    major, minor = (int(x) for x in Tools.from_env().kuberay_version.lstrip("v").split(".")[:2])
+    assert (major, minor) >= (1, 5)
 
 
 def test_versions_env_matches_the_go_module_pin():

@@ -14,7 +14,7 @@ import pytest
 from e2e.fixtures import missing_tool
 from e2e.harness import Cluster, kuberay_crd_files
 
-KUBERAY_CRDS = ("rayjobs.ray.io", "rayclusters.ray.io")
+KUBERAY_CRDS = ("rayjobs.ray.io", "rayclusters.ray.io", "rayservices.ray.io")
 
 
 def rayjob(name: str = "sample") -> dict:
@@ -53,12 +53,23 @@ def rayjob(name: str = "sample") -> dict:
 @pytest.fixture(autouse=True)
 def _kuberay_crds_present(cluster: Cluster):
     if not kuberay_crd_files():
-        missing_tool(
-            "KubeRay CRDs not found: expected ../shared/kuberay-crds/*.yaml beside the repository "
-            "(or KUBERL_SHARED_DIR)"
-        )
+        missing_tool(f"KubeRay CRDs not found in {cluster.tools.kuberay_crd_dir()}")
     refused = {str(p): e for p, e in cluster.crd_errors.items() if p in kuberay_crd_files()}
     assert not refused, refused
+
+
+def test_every_crd_of_the_kuberay_module_is_installed(cluster: Cluster):
+    """All of KubeRay's CRDs, not just the two kuberl writes: KubeRay's controller watches RayServices too."""
+    names = {f.name for f in kuberay_crd_files()}
+    assert names == {"ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml", "ray.io_rayservices.yaml"}
+
+
+def test_the_rayjob_crd_keeps_worker_group_labels(cluster: Cluster):
+    """KubeRay >= 1.5: `workerGroupSpecs[].labels` (Ray node labels, the pool label) is in the schema, not pruned."""
+    crd = cluster.get("crd", "rayjobs.ray.io")
+    (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    cluster_spec = v1["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["rayClusterSpec"]
+    assert "labels" in cluster_spec["properties"]["workerGroupSpecs"]["items"]["properties"]
 
 
 @pytest.mark.parametrize("crd", KUBERAY_CRDS)

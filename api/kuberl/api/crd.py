@@ -156,6 +156,8 @@ def openapi_schema() -> dict[str, Any]:
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    # why the Ray cluster is not running (PodForbidden, Unschedulable, ...), RayClusterReady once it is
+    {"name": "Cluster", "type": "string", "jsonPath": '.status.conditions[?(@.type=="ClusterReady")].reason'},
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
     {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -31,6 +31,8 @@ class ConditionType(StrEnum):
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    CLUSTER_READY = "ClusterReady"  # False with the first cause that blocks the Ray cluster's pods (diagnosis.py)
+    KUBERAY_SUPPORTED = "KubeRaySupported"  # False while the installed KubeRay is older than kuberl supports
 
 
 class StatusModel(BaseModel):

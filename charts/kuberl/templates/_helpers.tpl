@@ -91,8 +91,12 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "patch"]
-# Events on RLJobs
+# Events on RLJobs; read: the Warning Events on Ray clusters and pods (why a cluster is not running)
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "get", "list", "watch"]
+# why a Ray cluster is not running: its pods' scheduling and container states, read only
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
 {{- end }}

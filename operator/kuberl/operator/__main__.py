@@ -39,6 +39,12 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         default=300.0,
         help="recompute every live RLJob's status this often (0 disables)",
     )
+    parser.add_argument(
+        "--diagnose-seconds",
+        type=float,
+        default=3.0,
+        help="look this often at why waiting RLJobs' Ray clusters are not running (0 disables)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     namespaces = [n for ns in args.namespace for n in ns.split(",") if n]
@@ -56,6 +62,7 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         health_port=args.health_port,
         max_workers=args.max_workers,
         resync_seconds=args.resync_seconds,
+        diagnose_seconds=args.diagnose_seconds,
     )
 
 

@@ -1,9 +1,11 @@
 """kopf handlers: short functions that delegate to `reconcile` (I/O) and `rayjob`/`status` (pure).
 
-RLJob create/resume → validate, create-or-adopt the ConfigMap and the RayJob, write status.
+RLJob create/resume → check KubeRay's version (kuberay_support.py), validate, create-or-adopt the ConfigMap and the
+                      RayJob, write status.
 RLJob spec update   → propagate runPolicy.suspend (and the template while no Ray cluster exists).
 RayJob event        → recompute the owning RLJob's status (phase, conditions, Events).
 RLJob event         → the `kuberl_operator_rljobs{phase}` gauge.
+A thread (clusterwatch.py) → ClusterReady=False with the cause that blocks a waiting RLJob's Ray cluster.
 No delete handler: the children carry controller owner references, the garbage collector removes them;
 hence no finalizer, and deleting an RLJob never waits for the operator.
 """
@@ -18,7 +20,7 @@ import kopf
 from kubernetes import client, config
 
 from kuberl.api.contract import GROUP, PLURAL, RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, RLJOB_LABEL, VERSION
-from kuberl.operator import metrics, reconcile
+from kuberl.operator import clusterwatch, kuberay_support, metrics, reconcile
 from kuberl.operator.settings import OperatorConfig, configure
 
 log = logging.getLogger("kuberl.operator")
@@ -45,6 +47,9 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     cfg = _config(memo)
     configure(settings, max_workers=cfg.max_workers)
     memo.api = reconcile.Api(kube_client(cfg.max_workers))
+    memo.kuberay = kuberay_support.Gate(memo.api)
+    if memo.kuberay.problem:
+        log.error("not reconciling RLJobs: %s", memo.kuberay.problem)
     memo.stop = threading.Event()
     if cfg.resync_seconds > 0:
         namespaces = None if cfg.all_namespaces else list(cfg.namespaces)
@@ -55,6 +60,13 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
             daemon=True,
         )
         thread.start()
+    if cfg.diagnose_seconds > 0:
+        threading.Thread(
+            target=clusterwatch.run,
+            args=(memo.api, clusterwatch.WAITING, cfg.diagnose_seconds, memo.stop),
+            name="kuberl-diagnose",
+            daemon=True,
+        ).start()
 
 
 @kopf.on.cleanup()
@@ -78,12 +90,14 @@ def _resync_loop(api: reconcile.Api, namespaces: list[str] | None, every: float,
 @kopf.on.create(GROUP, VERSION, PLURAL)
 def rljob_created(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     with metrics.reconciling("create"):
+        memo.kuberay.require(body)
         reconcile.ensure(memo.api, body, logger)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 def rljob_resumed(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     with metrics.reconciling("resume"):
+        memo.kuberay.require(body)
         reconcile.ensure(memo.api, body, logger)
 
 
@@ -106,7 +120,9 @@ async def rljob_seen(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
     uid = body.get("metadata", {}).get("uid")
     if not uid:
         return
-    if event.get("type") == "DELETED":
+    deleted = event.get("type") == "DELETED"
+    clusterwatch.WAITING.observe(dict(body), deleted=deleted)
+    if deleted:
         metrics.PHASES.forget(uid)
     else:
         metrics.PHASES.observe(uid, (body.get("status") or {}).get("phase"))

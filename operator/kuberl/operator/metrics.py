@@ -6,6 +6,8 @@
 - `kuberl_operator_reconcile_duration_seconds{handler}`: time spent in each handler.
 - `kuberl_operator_reconcile_errors_total{handler}`: handler runs that raised (retried, temporary or permanent).
 - `kuberl_operator_restarts_total`: RayJob retries (new Ray clusters after a failure) observed by this process.
+- `kuberl_operator_kuberay_supported`: 1 when the installed KubeRay is one kuberl supports (>= 1.5), else 0: the
+  operator then reconciles nothing (kuberay_support.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections import Counter as Tally
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -41,6 +43,12 @@ RECONCILE_ERRORS = Counter(
 RESTARTS = Counter(
     "kuberl_operator_restarts",
     "RayJob retries (a new Ray cluster after a failed attempt) written to RLJob status.restarts.",
+    registry=REGISTRY,
+)
+
+KUBERAY_SUPPORTED = Gauge(
+    "kuberl_operator_kuberay_supported",
+    "1 when the installed KubeRay keeps the RayJob fields kuberl writes (KubeRay >= 1.5), 0 when it refuses to run.",
     registry=REGISTRY,
 )
 

@@ -20,8 +20,10 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "create", "patch"]},
     # the spec ConfigMap `<name>-spec`
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
-    # Events on RLJobs (kopf posts core/v1 Events)
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    # Events on RLJobs (kopf posts core/v1 Events); read: the Warning Events on Ray clusters and pods (diagnosis)
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "get", "list", "watch"]},
+    # why a Ray cluster is not running: its pods' scheduling and container states (diagnosis), read only
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
 ]
 
 RAY_POD_RULES: list[dict[str, Any]] = [

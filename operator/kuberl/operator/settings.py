@@ -20,6 +20,7 @@ class OperatorConfig:
     health_port: int = 8081
     max_workers: int = 16
     resync_seconds: float = 300.0
+    diagnose_seconds: float = 3.0
 
 
 def configure(settings: kopf.OperatorSettings, *, max_workers: int = 16) -> None:
