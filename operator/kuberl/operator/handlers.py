@@ -44,7 +44,7 @@ def _config(memo: Any) -> OperatorConfig:
 def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     cfg = _config(memo)
     configure(settings, max_workers=cfg.max_workers)
-    memo.api = reconcile.Api(kube_client(cfg.max_workers))
+    memo.api = reconcile.Api(kube_client(cfg.max_workers), trust=cfg.trust)
     memo.stop = threading.Event()
     if cfg.resync_seconds > 0:
         namespaces = None if cfg.all_namespaces else list(cfg.namespaces)

@@ -7,6 +7,8 @@ import logging
 
 import kopf
 
+from kuberl.operator.trust import Policy
+
 PREFIX = "kuberl.io"
 
 
@@ -20,6 +22,7 @@ class OperatorConfig:
     health_port: int = 8081
     max_workers: int = 16
     resync_seconds: float = 300.0
+    trust: Policy = dataclasses.field(default_factory=Policy)  # the chart's security.* values
 
 
 def configure(settings: kopf.OperatorSettings, *, max_workers: int = 16) -> None:
