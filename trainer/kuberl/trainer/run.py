@@ -134,7 +134,8 @@ class Trainer:
             metrics_port=spec.trainer.metrics_port,
             total_steps=self.total_steps,
             write=self.write,
-            config=spec.model_dump(mode="json", by_alias=True),
+            # no environment value reaches a logger's config (wandb, tensorboard): they may hold credentials
+            config=spec.model_dump(mode="json", by_alias=True, exclude={"cluster": {"env"}}),
         )
         self.reporter = StatusReporter.from_env(self.name, self.namespace)
         self.resume()
