@@ -280,6 +280,20 @@ INVALID_CASES: list[InvalidCase] = [
         "must name a volume",
     ),
     _case(
+        "literal-credential-in-env",
+        "spec.cluster.env",
+        "no-literal-credentials",
+        _set("spec.cluster.env", [{"name": "LOG", "value": "1"}, {"name": "hf_token", "value": "hf_abc"}]),
+        "cluster.env hf_token looks like a credential given as a literal value: reference a Secret with valueFrom",
+    ),
+    _case(
+        "literal-env-too-large",
+        "spec.cluster.env",
+        "literal-env-bounded",
+        _set("spec.cluster.env", [{"name": f"V{i}", "value": "x" * 4096} for i in range(5)]),
+        "literal values total 20480 characters, more than 16384",
+    ),
+    _case(
         "name-too-long-for-kuberay-" + "x" * 30, "metadata.name", "name-fits-kuberay", lambda doc: None, "47 characters"
     ),
     # ranges, enums, types and unknown fields (schema)

@@ -89,7 +89,7 @@ def refused_fields(document: dict[str, Any]) -> dict[str, str]:
         for rule in node.get("x-kubernetes-validations", []):
             if "oldSelf" in rule["rule"]:
                 continue
-            if cel.evaluate(rule["rule"], {"self": value}) is not True:
+            if cel.evaluate(rule["rule"], context({"self": value})) is not True:
                 field = prefix + rule["fieldPath"] if "fieldPath" in rule else _root_field(rule)
                 errors[field] = str(cel.evaluate(rule["messageExpression"], context({"self": value})))
     return errors

@@ -35,7 +35,7 @@ def pods(rayjob: dict) -> dict[str, dict]:
 
 def env_of(group: dict) -> dict[str, str]:
     (container,) = group["template"]["spec"]["containers"]
-    return {e["name"]: e["value"] for e in container["env"]}
+    return {e["name"]: e.get("value", "<valueFrom>") for e in container["env"]}
 
 
 def names_used(path: Path) -> set[str]:
@@ -57,7 +57,20 @@ def test_the_head_pod_sets_every_contract_variable_and_the_workers_none() -> Non
     assert set(groups) == {contract.HEAD_POOL, contract.TRAINER_POOL, contract.ROLLOUT_POOL}
     assert set(env_of(groups.pop(contract.HEAD_POOL))) >= CONTRACT_ENV
     for pool, group in groups.items():
-        assert not CONTRACT_ENV & set(env_of(group)), pool
+        assert CONTRACT_ENV & set(env_of(group)) == set(contract.RAY_AUTH_ENV), pool
+
+
+def test_every_pod_authenticates_to_ray_with_the_rljobs_token_secret() -> None:
+    rayjob = rendered()
+    templates = [g["template"] for g in pods(rayjob).values()] + [rayjob["spec"]["submitterPodTemplate"]]
+    for template in templates:
+        (container,) = template["spec"]["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env[contract.ENV_RAY_AUTH_MODE]["value"] == contract.RAY_AUTH_MODE_TOKEN
+        assert env[contract.ENV_RAY_AUTH_TOKEN]["valueFrom"]["secretKeyRef"] == {
+            "name": contract.token_secret_name("separate-rollout"),
+            "key": contract.TOKEN_SECRET_KEY,
+        }
 
 
 @pytest.mark.parametrize("constant", sorted(n for n in vars(contract) if n.startswith("ENV_")))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
 import uuid
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from kuberl.operator import reconcile
+from kuberl.operator.trust import Policy
 
 NS = "team-a"
 
@@ -23,7 +25,8 @@ def api_error(status: int) -> ApiException:
 class FakeApi:
     """Just enough of reconcile.Api: objects by (kind, name), resourceVersions, 409 on stale status patches."""
 
-    def __init__(self) -> None:
+    def __init__(self, trust: Policy | None = None) -> None:
+        self.trust = trust or Policy()
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.rv = itertools.count(1)
         self.calls: list[str] = []
@@ -91,6 +94,21 @@ class FakeApi:
         self.calls.append("patch configmap")
         self.objects[("configmap", name)]["data"] = body["data"]
 
+    def create_secret(self, namespace: str, body: dict[str, Any]):
+        self.calls.append("create secret")
+        return self._create("secret", body)
+
+    def get_secret_metadata(self, namespace: str, name: str):
+        found = self._get("secret", name)
+        return None if found is None else {"metadata": found["metadata"]}
+
+    def create_networkpolicy(self, namespace: str, body: dict[str, Any]):
+        self.calls.append("create networkpolicy")
+        return self._create("networkpolicy", body)
+
+    def get_networkpolicy(self, namespace: str, name: str):
+        return self._get("networkpolicy", name)
+
 
 def rljob(api: FakeApi, name: str = "job", **spec_changes: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
@@ -115,7 +133,13 @@ def test_ensure_twice_creates_one_of_each_and_writes_status_once() -> None:
     body = rljob(api)
     reconcile.ensure(api, body)
     reconcile.ensure(api, api.objects[("rljob", "job")])
-    assert sorted(k for k in api.objects) == [("configmap", "job-spec"), ("rayjob", "job"), ("rljob", "job")]
+    assert sorted(k for k in api.objects) == [
+        ("configmap", "job-spec"),
+        ("networkpolicy", "job-ray"),
+        ("rayjob", "job"),
+        ("rljob", "job"),
+        ("secret", "job-ray-token"),
+    ]
     assert api.calls.count("patch status") == 1
     status = api.objects[("rljob", "job")]["status"]
     assert status["phase"] == "Pending"
@@ -123,6 +147,57 @@ def test_ensure_twice_creates_one_of_each_and_writes_status_once() -> None:
     assert status["observedGeneration"] == 1
     assert {c["type"]: c["status"] for c in status["conditions"]}["Valid"] == "True"
     assert api.objects[("rayjob", "job")]["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
+
+
+def test_the_token_secret_is_drawn_once_and_every_child_is_owned_by_the_rljob() -> None:
+    api = FakeApi()
+    body = rljob(api)
+    reconcile.ensure(api, body)
+    token = api.objects[("secret", "job-ray-token")]["stringData"]["auth_token"]
+    assert len(token) >= 32
+    reconcile.ensure(api, api.objects[("rljob", "job")])
+    assert api.objects[("secret", "job-ray-token")]["stringData"]["auth_token"] == token
+    for key in (("secret", "job-ray-token"), ("networkpolicy", "job-ray"), ("configmap", "job-spec")):
+        (owner,) = api.objects[key]["metadata"]["ownerReferences"]
+        assert owner["uid"] == body["metadata"]["uid"] and owner["controller"] is True, key
+
+
+def test_a_foreign_token_secret_of_the_same_name_is_refused() -> None:
+    api = FakeApi()
+    api._create("secret", {"metadata": {"name": "job-ray-token"}, "stringData": {"auth_token": "known"}})
+    with pytest.raises(kopf.PermanentError, match="Secret job-ray-token already exists and is not owned"):
+        reconcile.ensure(api, rljob(api))
+    assert ("rayjob", "job") not in api.objects
+
+
+@pytest.mark.parametrize(
+    ("cluster", "field"),
+    [
+        (
+            {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]},
+            "spec.cluster.volumes[0] (root): volume type hostPath",
+        ),
+        ({"serviceAccountName": "admin-sa"}, "spec.cluster.serviceAccountName: 'admin-sa' is not allowed"),
+    ],
+)
+def test_an_untrusted_spec_fails_naming_the_field_without_children(cluster: dict, field: str) -> None:
+    api = FakeApi()
+    body = rljob(api, cluster={"trainer": {"nodes": 1, "gpusPerNode": 8}, **cluster})
+    with pytest.raises(kopf.PermanentError, match=re.escape(field)):
+        reconcile.ensure(api, body)
+    status = api.objects[("rljob", "job")]["status"]
+    valid = next(c for c in status["conditions"] if c["type"] == "Valid")
+    assert status["phase"] == "Failed" and valid["status"] == "False" and field in valid["message"]
+    assert {kind for kind, _ in api.objects} == {"rljob"}
+
+
+def test_the_chart_can_allow_more_volume_types_and_service_accounts() -> None:
+    api = FakeApi(Policy(allowed_volume_types=("hostPath",), allowed_service_accounts=("team-sa",)))
+    cluster = {"trainer": {"nodes": 1, "gpusPerNode": 8}, "serviceAccountName": "team-sa"}
+    reconcile.ensure(api, rljob(api, cluster={**cluster, "volumes": [{"name": "h", "hostPath": {"path": "/d"}}]}))
+    head = api.objects[("rayjob", "job")]["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head["serviceAccountName"] == "team-sa"
+    assert head["volumes"][-1] == {"name": "h", "hostPath": {"path": "/d"}}
 
 
 def test_a_child_left_by_a_deleted_rljob_of_the_same_name_is_waited_for() -> None:

@@ -57,5 +57,6 @@ def format_string(template: str, args: list[Any]) -> str:
 def context(variables: dict[str, Any]) -> cel.Context:
     ctx = cel.Context()
     ctx.add_function("format", format_string)
+    ctx.add_function("sum", sum)  # the Kubernetes lists library's `list.sum()`
     ctx.update(variables)
     return ctx

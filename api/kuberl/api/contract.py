@@ -52,6 +52,22 @@ SPEC_PATH = f"{SPEC_DIR}/{SPEC_FILE}"  # the file the trainer reads
 ENV_REPORT_STATUS = "KUBERL_REPORT_STATUS"  # "1": the driver patches rljobs/status.progress (StatusReporter)
 ENV_RLJOB_NAMESPACE = "KUBERL_RLJOB_NAMESPACE"  # the RLJob's namespace: the default of the trainer's --namespace
 
+# --- Ray token authentication (Ray >= 2.52) -------------------------------------------------------------------------
+
+ENV_RAY_AUTH_MODE = (
+    "RAY_AUTH_MODE"  # "token" in every Ray container and the submitter: Ray refuses unauthenticated calls
+)
+ENV_RAY_AUTH_TOKEN = "RAY_AUTH_TOKEN"  # the token, from the RLJob's Secret; ray.init and `ray job submit` read it
+RAY_AUTH_MODE_TOKEN = "token"
+TOKEN_SECRET_KEY = "auth_token"  # key of the token in the Secret (KubeRay's own auth Secret uses the same key)
+RAY_AUTH_ENV = (ENV_RAY_AUTH_MODE, ENV_RAY_AUTH_TOKEN)  # set in every Ray container (the others: the head's only)
+
+
+def token_secret_name(name: str) -> str:
+    """The Secret holding RLJob `name`'s Ray token; the operator creates it and owns it."""
+    return f"{name}-ray-token"
+
+
 # --- the entrypoint ------------------------------------------------------------------------------------------------
 
 TRAINER_MODULE = "kuberl.trainer.run"  # `python -m` this: the RayJob's entrypoint, the driver of the RL loop

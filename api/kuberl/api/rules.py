@@ -31,7 +31,13 @@ MACROS: dict[str, str] = {
     "DYNAMIC": "self.batch.dynamicBatchSize.enabled",
     "SEQ_LEN": "(self.data.maxPromptLength + self.data.maxResponseLength)",
     "ACTIVE_PHASES": "[" + ", ".join(f"'{p}'" for p in sorted(ACTIVE_PHASES)) + "]",
+    # environment variable names that hold credentials (matched case-insensitively, anywhere in the name)
+    "CREDENTIAL_NAME": "'(?i)(PASSWORD|PASSWD|SECRET|TOKEN|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL)'",
 }
+
+# The literal env values of one RLJob, all together: with every other field bounded by its schema, the spec stays
+# far below the annotation and object limits that kopf's bookkeeping and the ConfigMap copy of the spec live under.
+MAX_LITERAL_ENV_BYTES = 16384
 
 # vLLM's largest supported LoRA rank (its max_lora_rank choices end at 512).
 VLLM_MAX_LORA_RANK = 512
@@ -339,6 +345,25 @@ RULES: tuple[Rule, ...] = (
         " || self.algorithm.policyLoss.clipCovLb < self.algorithm.policyLoss.clipCovUb",
         message="algorithm.policyLoss.clipCovLb = ${self.algorithm.policyLoss.clipCovLb} must be below clipCovUb = "
         "${self.algorithm.policyLoss.clipCovUb}: no token could be detached",
+        verl="ours",
+    ),
+    # --- security (docs/security.md): secrets are referenced, never copied; the spec stays small -----------------
+    Rule(
+        id="no-literal-credentials",
+        field="cluster.env",
+        rule="!self.cluster.env.exists(e, has(e.value) && size(e.value) > 0 && e.name.matches(CREDENTIAL_NAME))",
+        message="cluster.env ${self.cluster.env.filter(e, has(e.value) && size(e.value) > 0 && "
+        "e.name.matches(CREDENTIAL_NAME))[0].name} looks like a credential given as a literal value: reference "
+        "a Secret with valueFrom.secretKeyRef (or envFrom) instead; literal values are stored in the RLJob, its "
+        "ConfigMap and the RayJob",
+        verl="ours",
+    ),
+    Rule(
+        id="literal-env-bounded",
+        field="cluster.env",
+        rule=f"self.cluster.env.map(e, has(e.value) ? size(e.value) : 0).sum() <= {MAX_LITERAL_ENV_BYTES}",
+        message=f"cluster.env literal values total ${{self.cluster.env.map(e, has(e.value) ? size(e.value) : 0)"
+        f".sum()}} characters, more than {MAX_LITERAL_ENV_BYTES}; put large values in a ConfigMap (valueFrom)",
         verl="ours",
     ),
     Rule(

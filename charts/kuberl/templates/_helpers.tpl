@@ -91,6 +91,14 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "patch"]
+# the Ray token Secret <name>-ray-token: created with a random token; get reads its owner reference (no list/watch)
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create"]
+# the NetworkPolicy <name>-ray around the job's Ray pods
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create"]
 # Events on RLJobs; read: the Warning Events on Ray clusters and pods (why a cluster is not running)
 - apiGroups: [""]
   resources: ["events"]

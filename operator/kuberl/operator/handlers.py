@@ -46,7 +46,7 @@ def _config(memo: Any) -> OperatorConfig:
 def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     cfg = _config(memo)
     configure(settings, max_workers=cfg.max_workers)
-    memo.api = reconcile.Api(kube_client(cfg.max_workers))
+    memo.api = reconcile.Api(kube_client(cfg.max_workers), trust=cfg.trust)
     memo.kuberay = kuberay_support.Gate(memo.api)
     if memo.kuberay.problem:
         log.error("not reconciling RLJobs: %s", memo.kuberay.problem)

@@ -13,12 +13,15 @@ from typing import Any
 
 from kuberl.api.contract import (
     API_VERSION,
+    ENV_RAY_AUTH_MODE,
+    ENV_RAY_AUTH_TOKEN,
     ENV_REPORT_STATUS,
     ENV_RLJOB_NAMESPACE,
     HEAD_POOL,
     KIND,
     POOL_LABEL,
     QUEUE_LABEL,
+    RAY_AUTH_MODE_TOKEN,
     RAYJOB_API_VERSION,
     RAYJOB_KIND,
     RLJOB_LABEL,
@@ -26,11 +29,14 @@ from kuberl.api.contract import (
     SPEC_DIR,
     SPEC_FILE,
     SPEC_HASH_ANNOTATION,
+    TOKEN_SECRET_KEY,
     TRAINER_POOL,
     entrypoint,
+    token_secret_name,
 )
 from kuberl.api.spec import HeadNode, NodePool, RLJobSpec, Toleration
 from kuberl.api.validation import spec_to_wire
+from kuberl.operator.trust import Policy
 
 SPEC_VOLUME = "kuberl-spec"
 SHM_VOLUME = "kuberl-dshm"
@@ -109,8 +115,13 @@ def render_configmap(name: str, namespace: str, uid: str, spec: RLJobSpec) -> di
     }
 
 
-def render_rayjob(name: str, namespace: str, uid: str, spec: RLJobSpec) -> dict[str, Any]:
-    """The RayJob that runs the trainer for RLJob `namespace/name` (uid: the RLJob's, for the owner reference)."""
+def render_rayjob(name: str, namespace: str, uid: str, spec: RLJobSpec, trust: Policy | None = None) -> dict[str, Any]:
+    """The RayJob that runs the trainer for RLJob `namespace/name` (uid: the RLJob's, for the owner reference).
+
+    Every pod template (head, workers, submitter) passes Pod Security `restricted` and authenticates to Ray with
+    the RLJob's token Secret (`secure_pod`); `trust` is the chart's security settings.
+    """
+    trust = trust or Policy()
     _check_reserved(spec)
     cluster = spec.cluster
     policy = spec.run_policy
@@ -136,6 +147,9 @@ def render_rayjob(name: str, namespace: str, uid: str, spec: RLJobSpec) -> dict[
     }
     if policy.active_deadline_seconds is not None:
         rayjob_spec["activeDeadlineSeconds"] = policy.active_deadline_seconds
+    rayjob_spec["submitterPodTemplate"] = _submitter(name, spec)
+    for template in pod_templates(rayjob_spec):
+        secure_pod(template["spec"], name, spec, trust)
     return {
         "apiVersion": RAYJOB_API_VERSION,
         "kind": RAYJOB_KIND,
@@ -217,8 +231,6 @@ def _pod_spec(
     affinity: dict[str, Any] | None,
 ) -> dict[str, Any]:
     pod: dict[str, Any] = {"containers": containers, "volumes": volumes}
-    if spec.cluster.service_account_name:
-        pod["serviceAccountName"] = spec.cluster.service_account_name
     if spec.cluster.priority_class_name:
         pod["priorityClassName"] = spec.cluster.priority_class_name
     if node_selector:
@@ -305,6 +317,130 @@ def _worker_group(group: str, pool: NodePool, name: str, spec: RLJobSpec) -> dic
     }
 
 
+# --- security: restricted pods, Ray token, NetworkPolicy, token Secret ----------------
+
+
+def pod_templates(rayjob_spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every pod template of a rendered RayJob spec: head, worker groups, submitter."""
+    cluster = rayjob_spec["rayClusterSpec"]
+    templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+    if "submitterPodTemplate" in rayjob_spec:
+        templates.append(rayjob_spec["submitterPodTemplate"])
+    return templates
+
+
+def secure_pod(pod: dict[str, Any], name: str, spec: RLJobSpec, trust: Policy) -> None:
+    """Make `pod` pass Pod Security `restricted` and authenticate to Ray with the RLJob's token (in place).
+
+    The trainer account runs the pods unless the spec names an allowed one (the operator checks `trust` before
+    rendering). fsGroup makes a checkpoint claim writable by the image's user. The token variables come last and
+    replace any of the user's own: cluster.env cannot switch authentication off.
+    """
+    pod["serviceAccountName"] = spec.cluster.service_account_name or trust.trainer_service_account
+    context: dict[str, Any] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    if trust.run_as_user is not None:
+        context["runAsUser"] = trust.run_as_user
+        context["runAsGroup"] = trust.run_as_user
+    if trust.fs_group is not None:
+        context["fsGroup"] = trust.fs_group
+        context["fsGroupChangePolicy"] = "OnRootMismatch"  # a large checkpoint claim is not re-chowned per start
+    pod["securityContext"] = context
+    auth = [
+        {"name": ENV_RAY_AUTH_MODE, "value": RAY_AUTH_MODE_TOKEN},
+        {
+            "name": ENV_RAY_AUTH_TOKEN,
+            "valueFrom": {"secretKeyRef": {"name": token_secret_name(name), "key": TOKEN_SECRET_KEY}},
+        },
+    ]
+    for container in pod["containers"]:
+        container["securityContext"] = {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+        env = [e for e in container.get("env") or [] if e["name"] not in (ENV_RAY_AUTH_MODE, ENV_RAY_AUTH_TOKEN)]
+        container["env"] = env + auth
+
+
+def _submitter(name: str, spec: RLJobSpec) -> dict[str, Any]:
+    """KubeRay's submitter pod (`ray job submit` against the head's dashboard), rendered so that it is restricted
+    and carries the token; KubeRay fills in the command when the container has none."""
+    return {
+        "metadata": {"labels": common_labels(name, "ray-submitter")},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "ray-job-submitter",
+                    "image": spec.cluster.image,
+                    "imagePullPolicy": spec.cluster.image_pull_policy,
+                    "resources": {
+                        "requests": {"cpu": "500m", "memory": "512Mi"},
+                        "limits": {"cpu": "1", "memory": "1Gi"},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def render_token_secret(name: str, namespace: str, uid: str, token: str) -> dict[str, Any]:
+    """The Secret `<name>-ray-token` with the Ray cluster's token; `token` is drawn once, when it is created."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": token_secret_name(name),
+            "namespace": namespace,
+            "labels": common_labels(name, "ray-token"),
+            "ownerReferences": [owner_reference(name, uid)],
+        },
+        "stringData": {TOKEN_SECRET_KEY: token},
+    }
+
+
+def networkpolicy_name(name: str) -> str:
+    return f"{name}-ray"
+
+
+def render_networkpolicy(name: str, namespace: str, uid: str, spec: RLJobSpec, trust: Policy) -> dict[str, Any]:
+    """Ingress to the RLJob's Ray pods: any port from the job's own pods, the dashboard from KubeRay's operator
+    (it submits and polls the job), the metrics ports from the monitoring namespace when the chart names one."""
+    own = {"podSelector": {"matchLabels": {RLJOB_LABEL: name}}}
+    ingress: list[dict[str, Any]] = [
+        {"from": [own]},
+        {
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": trust.kuberay_namespace}}}],
+            "ports": [{"protocol": "TCP", "port": port} for n, port in HEAD_PORTS if n == "dashboard"],
+        },
+    ]
+    if trust.monitoring_namespace:
+        metrics = [port for n, port in HEAD_PORTS if n == "metrics"]
+        if spec.trainer.metrics_port:
+            metrics.append(spec.trainer.metrics_port)
+        ingress.append(
+            {
+                "from": [
+                    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": trust.monitoring_namespace}}}
+                ],
+                "ports": [{"protocol": "TCP", "port": port} for port in metrics],
+            }
+        )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": networkpolicy_name(name),
+            "namespace": namespace,
+            "labels": common_labels(name, "network-policy"),
+            "ownerReferences": [owner_reference(name, uid)],
+        },
+        "spec": {"podSelector": {"matchLabels": {RLJOB_LABEL: name}}, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
 # --- updates -----------------------------------------------------------------------
 
 # RayJob spec fields the operator renders, other than `suspend`: rebuilt only while no Ray cluster exists.
@@ -315,6 +451,7 @@ TEMPLATE_FIELDS = (
     "activeDeadlineSeconds",
     "ttlSecondsAfterFinished",
     "shutdownAfterJobFinishes",
+    "submitterPodTemplate",
 )
 NO_CLUSTER_STATES = ("", "New", "Suspended")
 

@@ -20,6 +20,10 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "create", "patch"]},
     # the spec ConfigMap `<name>-spec`
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
+    # the Ray token Secret `<name>-ray-token`: created once with a random token; get reads only its owner reference
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
+    # the NetworkPolicy `<name>-ray` that admits only the job's pods, KubeRay and the monitoring namespace
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "create"]},
     # Events on RLJobs (kopf posts core/v1 Events); read: the Warning Events on Ray clusters and pods (diagnosis)
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "get", "list", "watch"]},
     # why a Ray cluster is not running: its pods' scheduling and container states (diagnosis), read only

@@ -14,6 +14,7 @@ Everything here reads the current state from the apiserver and writes what the p
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar, cast
 
@@ -41,7 +42,9 @@ from kuberl.operator.rayjob import (
     configmap_name,
     rayjob_update_ops,
     render_configmap,
+    render_networkpolicy,
     render_rayjob,
+    render_token_secret,
 )
 from kuberl.operator.status import (
     Event,
@@ -52,6 +55,7 @@ from kuberl.operator.status import (
     status_patch,
     valid_condition,
 )
+from kuberl.operator.trust import Policy, trust_issues
 
 STATUS_WRITE_ATTEMPTS = 8
 TRANSIENT_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
@@ -61,12 +65,32 @@ _T = TypeVar("_T")
 
 
 class Api:
-    """The two clients the operator uses, sharing one connection pool."""
+    """The clients the operator uses, sharing one connection pool, and the chart's security settings (`trust`)
+    that every RLJob it creates children for is held to."""
 
-    def __init__(self, api_client: client.ApiClient | None = None) -> None:
+    def __init__(self, api_client: client.ApiClient | None = None, trust: Policy | None = None) -> None:
         self.client = api_client or client.ApiClient()
         self.custom = client.CustomObjectsApi(self.client)
         self.core = client.CoreV1Api(self.client)
+        self.networking = client.NetworkingV1Api(self.client)
+        self.trust = trust or Policy()
+
+    # the token Secret and the NetworkPolicy (created once, never updated: the token is not rotated under a job)
+    def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._plain(self.core.create_namespaced_secret(namespace, cast(client.V1Secret, body)))
+
+    def get_secret_metadata(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Secret without its data: the operator only checks who owns it."""
+        found = _none_on_404(lambda: self._plain(self.core.read_namespaced_secret(name, namespace)))
+        return None if found is None else {"metadata": found["metadata"]}
+
+    def create_networkpolicy(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._plain(
+            self.networking.create_namespaced_network_policy(namespace, cast(client.V1NetworkPolicy, body))
+        )
+
+    def get_networkpolicy(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return _none_on_404(lambda: self._plain(self.networking.read_namespaced_network_policy(name, namespace)))
 
     # RLJobs
     def get_rljob(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -200,6 +224,44 @@ def ensure_configmap(api: Api, desired: dict[str, Any], uid: str) -> dict[str, A
             namespace, name, {"metadata": {"annotations": desired["metadata"]["annotations"]}, "data": desired["data"]}
         )
     return existing
+
+
+def ensure_owned(
+    kind: str,
+    create: Callable[[], dict[str, Any]],
+    read: Callable[[], dict[str, Any] | None],
+    uid: str,
+) -> None:
+    """Create a child that is never updated (token Secret, NetworkPolicy); on 409 accept it only if it is ours."""
+    try:
+        create()
+        return
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    existing = read()
+    if existing is None:
+        raise kopf.TemporaryError(f"{kind} vanished after a conflict; retrying", delay=1)
+    _adopt_or_refuse(kind, existing, uid)
+
+
+def ensure_security_children(api: Api, name: str, networkpolicy: dict[str, Any], uid: str) -> None:
+    """RLJob `name`'s Ray token Secret (a fresh random token when created) and its NetworkPolicy."""
+    meta = networkpolicy["metadata"]
+    namespace = meta["namespace"]
+    secret = render_token_secret(name, namespace, uid, secrets.token_urlsafe(32))
+    ensure_owned(
+        "Secret",
+        lambda: api.create_secret(namespace, secret),
+        lambda: api.get_secret_metadata(namespace, secret["metadata"]["name"]),
+        uid,
+    )
+    ensure_owned(
+        "NetworkPolicy",
+        lambda: api.create_networkpolicy(namespace, networkpolicy),
+        lambda: api.get_networkpolicy(namespace, meta["name"]),
+        uid,
+    )
 
 
 def ensure_rayjob(api: Api, desired: dict[str, Any], uid: str) -> tuple[dict[str, Any], bool]:
@@ -359,24 +421,31 @@ Refusal = Callable[[Api, "kopf.Body | dict[str, Any]", list[str]], NoReturn]
 
 def desired_children(
     api: Api, body: kopf.Body | dict[str, Any], invalid: Refusal, unrenderable: Refusal
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Validate the RLJob, render its ConfigMap and RayJob, and make them its children; (configmap, rayjob).
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Validate the RLJob, render its ConfigMap, RayJob and NetworkPolicy, and make them its children;
+    (configmap, rayjob, networkpolicy).
 
-    A spec that fails the rules goes to `invalid`, one the renderer cannot turn into a RayJob to `unrenderable`
-    (`refuse` or `mark_invalid_update`: neither returns).
+    A spec that fails the rules or asks for more than the chart's trust settings allow (`trust_issues`) goes to
+    `invalid`, one the renderer cannot turn into a RayJob to `unrenderable` (`refuse` or `mark_invalid_update`:
+    neither returns).
     """
     meta = body["metadata"]
     issues = spec_issues(body)
     if issues:
         invalid(api, body, issues)
     spec = RLJobSpec.model_validate(_plain(body["spec"]))
+    untrusted = trust_issues(spec, api.trust)
+    if untrusted:
+        invalid(api, body, untrusted)
     try:
         configmap = render_configmap(meta["name"], meta["namespace"], meta["uid"], spec)
-        rayjob = render_rayjob(meta["name"], meta["namespace"], meta["uid"], spec)
+        rayjob = render_rayjob(meta["name"], meta["namespace"], meta["uid"], spec, api.trust)
+        networkpolicy = render_networkpolicy(meta["name"], meta["namespace"], meta["uid"], spec, api.trust)
     except RenderError as exc:
         unrenderable(api, body, [str(exc)])
-    kopf.adopt([configmap, rayjob], owner=_plain(body))  # also copies the RLJob's labels (e.g. a Kueue queue label)
-    return configmap, rayjob
+    # also copies the RLJob's labels (e.g. a Kueue queue label)
+    kopf.adopt([configmap, rayjob, networkpolicy], owner=_plain(body))
+    return configmap, rayjob, networkpolicy
 
 
 def ensure(api: Api, body: kopf.Body | dict[str, Any], logger: kopf.Logger = log) -> None:
@@ -390,8 +459,9 @@ def ensure(api: Api, body: kopf.Body | dict[str, Any], logger: kopf.Logger = log
     # already running (e.g. admitted under an older rule set, seen again after an operator upgrade):
     # flag it, keep following its RayJob, do not fail a live job
     live = bool((body.get("status") or {}).get("rayJobName"))
-    configmap, rayjob = desired_children(api, body, mark_invalid_update if live else refuse, refuse)
+    configmap, rayjob, networkpolicy = desired_children(api, body, mark_invalid_update if live else refuse, refuse)
     try:
+        ensure_security_children(api, name, networkpolicy, uid)
         ensure_configmap(api, configmap, uid)
         existing, created = ensure_rayjob(api, rayjob, uid)
     except ApiException as exc:
@@ -431,7 +501,7 @@ def apply_update(
     if phase in TERMINAL_PHASES:
         logger.info("RLJob is %s; the spec change is not applied", phase)
         return
-    configmap, desired = desired_children(api, body, mark_invalid_update, mark_invalid_update)
+    configmap, desired, _ = desired_children(api, body, mark_invalid_update, mark_invalid_update)
     suspend_changed = suspend_of(old_spec) != suspend_of(new_spec)
     try:
         ensure_configmap(api, configmap, uid)

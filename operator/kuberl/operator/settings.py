@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
+from typing import Any
 
 import kopf
+
+from kuberl.operator.trust import Policy
 
 PREFIX = "kuberl.io"
 
@@ -21,6 +25,7 @@ class OperatorConfig:
     max_workers: int = 16
     resync_seconds: float = 300.0
     diagnose_seconds: float = 3.0
+    trust: Policy = dataclasses.field(default_factory=Policy)  # the chart's security.* values
 
 
 def configure(settings: kopf.OperatorSettings, *, max_workers: int = 16) -> None:
@@ -33,9 +38,7 @@ def configure(settings: kopf.OperatorSettings, *, max_workers: int = 16) -> None
     settings.queueing.error_delays = (1, 2, 5, 10, 20, 30, 60, 120, 300)
     # kopf's own bookkeeping lives in annotations, never in .status: the CRD would prune what it doesn't declare.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=PREFIX, key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = BoundedDiffBaseStorage(prefix=PREFIX, key="last-handled-configuration")
     settings.persistence.finalizer = f"{PREFIX}/finalizer"  # unused: no handler needs one (GC via ownerReferences)
     # Exactly one replica: no peering objects, no leader election (docs/operator.md).
     settings.peering.standalone = True
@@ -45,3 +48,26 @@ def configure(settings: kopf.OperatorSettings, *, max_workers: int = 16) -> None
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 60
+
+
+LONG_STRING = 256  # longer strings are kept in kopf's diffbase as their hash
+
+
+class BoundedDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf's last-handled configuration with every long string replaced by its SHA-256: the annotation stays small
+    however large the spec is, so storing it can never fail (422) and make the create handler retry forever.
+    A changed long string still shows as a change (its hash differs); the update handler reads the new spec from
+    the object, never from the diffbase's old values of such strings."""
+
+    def build(self, *, body: Any, extra_fields: Any = None) -> Any:
+        return _bounded(super().build(body=body, extra_fields=extra_fields))
+
+
+def _bounded(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > LONG_STRING:
+        return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+    if isinstance(value, dict):
+        return {k: _bounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_bounded(v) for v in value]
+    return value

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from kuberl.api import RLJobSpec, parse_spec, plan_batches
-from kuberl.api.contract import ENV_RLJOB_NAMESPACE, TRAINER_MODULE
+from kuberl.api.contract import ENV_RAY_AUTH_MODE, ENV_RAY_AUTH_TOKEN, ENV_RLJOB_NAMESPACE, TRAINER_MODULE
 from kuberl.api.status import Progress
 from kuberl.trainer import checkpoint as ckpt
 from kuberl.trainer.advantages import compute_advantages
@@ -139,7 +139,8 @@ class Trainer:
             metrics_port=spec.trainer.metrics_port,
             total_steps=self.total_steps,
             write=self.write,
-            config=spec.model_dump(mode="json", by_alias=True),
+            # no environment value reaches a logger's config (wandb, tensorboard): they may hold credentials
+            config=spec.model_dump(mode="json", by_alias=True, exclude={"cluster": {"env"}}),
         )
         self.reporter = StatusReporter.from_env(self.name, self.namespace)
         self.resume()
@@ -155,6 +156,11 @@ class Trainer:
         if ray.is_initialized():
             return
         if self.address:
+            # the RLJob's Ray cluster requires its token (RAY_AUTH_MODE=token); ray.init reads RAY_AUTH_TOKEN itself
+            if os.environ.get(ENV_RAY_AUTH_MODE) == "token" and not os.environ.get(ENV_RAY_AUTH_TOKEN):
+                raise SystemExit(
+                    f"{ENV_RAY_AUTH_MODE}=token but {ENV_RAY_AUTH_TOKEN} is empty: the token Secret is missing"
+                )
             ray.init(address=self.address, log_to_driver=True)
         else:
             ray.init(
