@@ -279,6 +279,62 @@ INVALID_CASES: list[InvalidCase] = [
         _set("spec.cluster.volumeMounts", [{"name": "ckpt", "mountPath": "/ckpt"}]),
         "must name a volume",
     ),
+    # pod settings and Kueue (issue 20)
+    _case(
+        "head-pod-label-reserved",
+        "spec.cluster.head.pod.labels",
+        "head-pod-labels-not-reserved",
+        _set("spec.cluster.head.pod.labels", {"ray.io/node-type": "head"}),
+        "KubeRay's",
+    ),
+    _case(
+        "trainer-pod-label-reserved",
+        "spec.cluster.trainer.pod.labels",
+        "trainer-pod-labels-not-reserved",
+        _set("spec.cluster.trainer.pod.labels", {"kuberl.io/pool": "x"}),
+        "operator's",
+    ),
+    _case(
+        "rollout-pod-label-reserved",
+        "spec.cluster.rollout.pod.labels",
+        "rollout-pod-labels-not-reserved",
+        _all(
+            _set("spec.rollout.placement", "separate"),
+            _set("spec.cluster.rollout", {"nodes": 1, "pod": {"labels": {"kuberl.io/rljob": "other"}}}),
+        ),
+        "choose another key",
+    ),
+    _case(
+        "head-extra-resource-memory",
+        "spec.cluster.head.pod.extraResources",
+        "head-extra-resources-are-extended",
+        _set("spec.cluster.head.pod.extraResources", {"memory": "1Gi"}),
+        "extended resources",
+    ),
+    _case(
+        "trainer-extra-resource-gpu",
+        "spec.cluster.trainer.pod.extraResources",
+        "trainer-extra-resources-are-extended",
+        _set("spec.cluster.trainer.pod.extraResources", {"nvidia.com/gpu": "8"}),
+        "gpusPerNode",
+    ),
+    _case(
+        "rollout-extra-resource-cpu",
+        "spec.cluster.rollout.pod.extraResources",
+        "rollout-extra-resources-are-extended",
+        _all(
+            _set("spec.rollout.placement", "separate"),
+            _set("spec.cluster.rollout", {"nodes": 1, "pod": {"extraResources": {"cpu": "2"}}}),
+        ),
+        "domain/name",
+    ),
+    _case(
+        "multikueue-without-queue",
+        "spec.cluster.managedBy",
+        "multikueue-needs-queue",
+        _set("spec.cluster.managedBy", "kueue.x-k8s.io/multikueue"),
+        "needs cluster.queueName",
+    ),
     _case(
         "name-too-long-for-kuberay-" + "x" * 30, "metadata.name", "name-fits-kuberay", lambda doc: None, "47 characters"
     ),

@@ -350,6 +350,41 @@ class VolumeMount(SpecModel):
     sub_path: Annotated[str, Field(max_length=1024)] | None = Field(None, description="Sub-path of the volume.")
 
 
+# --- pod settings of a pool or the head (issue 20) ---------------------------------
+
+
+class PodSettings(SpecModel):
+    """What a platform sets on pods beyond resources: identity, scheduling and devices. One per pool and the head."""
+
+    labels: LabelMap = Field(
+        default_factory=dict,
+        description="Extra pod labels (kuberl.io/* and ray.io/* are the operator's and KubeRay's).",
+    )
+    annotations: Annotated[dict[str, Annotated[str, Field(max_length=4096)]], Field(max_length=32)] = Field(
+        default_factory=dict, description="Extra pod annotations (e.g. a CNI's secondary network for RDMA)."
+    )
+    image_pull_secrets: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
+        default_factory=list, max_length=8, description="Names of Secrets in the RLJob's namespace to pull the image."
+    )
+    env_from: list[FreeForm] = Field(
+        default_factory=list, max_length=16, description="Kubernetes EnvFromSources (configMapRef, secretRef)."
+    )
+    extra_resources: Annotated[dict[str, Quantity], Field(max_length=8)] = Field(
+        default_factory=dict,
+        description="Extended resources requested and limited per pod, e.g. rdma/hca_shared_devices_a: 1 or "
+        "vpc.amazonaws.com/efa: 4 (cpu, memory and GPUs come from their own fields).",
+    )
+    scheduler_name: Annotated[str, Field(max_length=253)] | None = Field(
+        None, description="Scheduler of the pods (volcano, kai-scheduler, a coscheduling plugin for gang scheduling)."
+    )
+    runtime_class_name: Annotated[str, Field(max_length=253)] | None = Field(
+        None, description="RuntimeClass of the pods (e.g. nvidia where the NVIDIA runtime is not the default)."
+    )
+    priority_class_name: Annotated[str, Field(max_length=253)] | None = Field(
+        None, description="PriorityClass of these pods; overrides cluster.priorityClassName."
+    )
+
+
 class NodePool(SpecModel):
     nodes: int = Field(1, ge=1, le=1024, description="Pods (one per node) in this pool.")
     gpus_per_node: int = Field(
@@ -365,6 +400,7 @@ class NodePool(SpecModel):
         default_factory=list, max_length=32, description="Tolerations for the pool's taints."
     )
     affinity: FreeForm | None = Field(None, description="A Kubernetes Affinity, passed through to the pods.")
+    pod: PodSettings = Field(default_factory=PodSettings, description="Labels, pull secrets, devices, scheduler.")
 
 
 class HeadNode(SpecModel):
@@ -376,6 +412,8 @@ class HeadNode(SpecModel):
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=32, description="Tolerations of the head pod."
     )
+    affinity: FreeForm | None = Field(None, description="A Kubernetes Affinity of the head pod.")
+    pod: PodSettings = Field(default_factory=PodSettings, description="Labels, pull secrets, devices, scheduler.")
 
 
 class Cluster(SpecModel):
@@ -413,6 +451,11 @@ class Cluster(SpecModel):
     )
     priority_class_name: Annotated[str, Field(max_length=253)] | None = Field(
         None, description="PriorityClass of the Ray pods."
+    )
+    managed_by: Literal["ray.io/kuberay-operator", "kueue.x-k8s.io/multikueue"] | None = Field(
+        None,
+        description="The RayJob's spec.managedBy: kueue.x-k8s.io/multikueue lets MultiKueue run it on a worker "
+        "cluster (needs queueName); unset: KubeRay runs it here.",
     )
 
 

@@ -19,6 +19,7 @@ from kuberl.api.spec import (
     TRAINER_POOL,
     HeadNode,
     NodePool,
+    PodSettings,
     RLJobSpec,
     Toleration,
 )
@@ -141,6 +142,8 @@ def render_rayjob(name: str, namespace: str, uid: str, spec: RLJobSpec) -> dict[
     }
     if policy.active_deadline_seconds is not None:
         rayjob_spec["activeDeadlineSeconds"] = policy.active_deadline_seconds
+    if cluster.managed_by is not None:
+        rayjob_spec["managedBy"] = cluster.managed_by
     return {
         "apiVersion": RAYJOB_API_VERSION,
         "kind": RAYJOB_KIND,
@@ -222,6 +225,20 @@ def _mounts(spec: RLJobSpec) -> list[dict[str, Any]]:
     return mounts
 
 
+def _pod_metadata(labels: dict[str, str], settings: PodSettings) -> dict[str, Any]:
+    """The user's labels and annotations, then ours (the rules table refuses kuberl.io/ and ray.io/ keys)."""
+    metadata: dict[str, Any] = {"labels": {**settings.labels, **labels}}
+    if settings.annotations:
+        metadata["annotations"] = dict(settings.annotations)
+    return metadata
+
+
+def _resources(cpu: str, memory: str, settings: PodSettings, limits_only: dict[str, Any]) -> dict[str, Any]:
+    """Requests = limits for cpu, memory and extended resources (Kubernetes requires it for the latter)."""
+    requests: dict[str, Any] = {"cpu": cpu, "memory": memory, **settings.extra_resources}
+    return {"requests": requests, "limits": {**requests, **limits_only}}
+
+
 def _pod_spec(
     containers: list[dict[str, Any]],
     volumes: list[dict[str, Any]],
@@ -229,12 +246,23 @@ def _pod_spec(
     node_selector: dict[str, str],
     tolerations: list[Toleration],
     affinity: dict[str, Any] | None,
+    settings: PodSettings,
 ) -> dict[str, Any]:
+    if settings.env_from:
+        for container in containers:
+            container["envFrom"] = [dict(source) for source in settings.env_from]
     pod: dict[str, Any] = {"containers": containers, "volumes": volumes}
     if spec.cluster.service_account_name:
         pod["serviceAccountName"] = spec.cluster.service_account_name
-    if spec.cluster.priority_class_name:
-        pod["priorityClassName"] = spec.cluster.priority_class_name
+    if settings.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": n} for n in settings.image_pull_secrets]
+    priority_class = settings.priority_class_name or spec.cluster.priority_class_name
+    if priority_class:
+        pod["priorityClassName"] = priority_class
+    if settings.scheduler_name:
+        pod["schedulerName"] = settings.scheduler_name
+    if settings.runtime_class_name:
+        pod["runtimeClassName"] = settings.runtime_class_name
     if node_selector:
         pod["nodeSelector"] = dict(node_selector)
     if tolerations:
@@ -259,10 +287,7 @@ def _head_group(name: str, namespace: str, spec: RLJobSpec) -> dict[str, Any]:
         "imagePullPolicy": spec.cluster.image_pull_policy,
         # the trainer's driver runs here and patches rljobs/status.progress (service account RBAC: docs/operator.md)
         "env": _env(name, namespace, spec, "head", extra=(("KUBERL_REPORT_STATUS", "1"),)),
-        "resources": {
-            "requests": {"cpu": head.cpu, "memory": head.memory},
-            "limits": {"cpu": head.cpu, "memory": head.memory},
-        },
+        "resources": _resources(head.cpu, head.memory, head.pod, {}),
         "ports": _ports(ports),
         "volumeMounts": _mounts(spec),
     }
@@ -270,29 +295,28 @@ def _head_group(name: str, namespace: str, spec: RLJobSpec) -> dict[str, Any]:
         # num-cpus 0: Ray schedules no actors on the head; it runs the single controller (the job driver) only
         "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
         "template": {
-            "metadata": {"labels": {**common_labels(name, "ray-head"), POOL_LABEL: "head"}},
+            "metadata": _pod_metadata({**common_labels(name, "ray-head"), POOL_LABEL: "head"}, head.pod),
             "spec": _pod_spec(
                 [container],
                 _volumes(name, head.memory) + _user_volumes(spec),
                 spec,
                 head.node_selector,
                 head.tolerations,
-                None,
+                head.affinity,
+                head.pod,
             ),
         },
     }
 
 
 def _worker_group(group: str, pool: NodePool, name: str, namespace: str, spec: RLJobSpec) -> dict[str, Any]:
-    limits: dict[str, Any] = {"cpu": pool.cpu, "memory": pool.memory}
-    if spec.cluster.device == "cuda":
-        limits["nvidia.com/gpu"] = pool.gpus_per_node
+    gpus: dict[str, Any] = {"nvidia.com/gpu": pool.gpus_per_node} if spec.cluster.device == "cuda" else {}
     container = {
         "name": "ray-worker",
         "image": spec.cluster.image,
         "imagePullPolicy": spec.cluster.image_pull_policy,
         "env": _env(name, namespace, spec, group),
-        "resources": {"requests": {"cpu": pool.cpu, "memory": pool.memory}, "limits": limits},
+        "resources": _resources(pool.cpu, pool.memory, pool.pod, gpus),
         "ports": _ports(WORKER_PORTS),
         "volumeMounts": _mounts(spec),
     }
@@ -306,7 +330,7 @@ def _worker_group(group: str, pool: NodePool, name: str, namespace: str, spec: R
         # Ray node labels: the trainer selects its pools by them (kuberl.trainer.rollout.layout)
         "labels": {POOL_LABEL: group},
         "template": {
-            "metadata": {"labels": {**common_labels(name, f"ray-{group}"), POOL_LABEL: group}},
+            "metadata": _pod_metadata({**common_labels(name, f"ray-{group}"), POOL_LABEL: group}, pool.pod),
             "spec": _pod_spec(
                 [container],
                 _volumes(name, pool.shared_memory) + _user_volumes(spec),
@@ -314,6 +338,7 @@ def _worker_group(group: str, pool: NodePool, name: str, namespace: str, spec: R
                 pool.node_selector,
                 pool.tolerations,
                 pool.affinity,
+                pool.pod,
             ),
         },
     }
