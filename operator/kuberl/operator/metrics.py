@@ -6,6 +6,7 @@
 - `kuberl_operator_reconcile_duration_seconds{handler}`: time spent in each handler.
 - `kuberl_operator_reconcile_errors_total{handler}`: handler runs that raised (retried, temporary or permanent).
 - `kuberl_operator_restarts_total`: RayJob retries (new Ray clusters after a failure) observed by this process.
+- `kuberl_operator_leader`: 1 on the replica that reconciles (the Lease holder, or the only replica), 0 on a standby.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections import Counter as Tally
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -41,6 +42,12 @@ RECONCILE_ERRORS = Counter(
 RESTARTS = Counter(
     "kuberl_operator_restarts",
     "RayJob retries (a new Ray cluster after a failed attempt) written to RLJob status.restarts.",
+    registry=REGISTRY,
+)
+
+LEADER = Gauge(
+    "kuberl_operator_leader",
+    "1 on the operator replica that reconciles (holds the leader Lease), 0 on a standby.",
     registry=REGISTRY,
 )
 

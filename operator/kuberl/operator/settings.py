@@ -7,6 +7,8 @@ import logging
 
 import kopf
 
+from kuberl.operator.leader import LeaseConfig
+
 PREFIX = "kuberl.io"
 
 
@@ -20,6 +22,8 @@ class OperatorConfig:
     health_port: int = 8081
     max_workers: int = 16
     resync_seconds: float = 300.0
+    # leader election (leader.py): None runs standalone, as the only replica
+    lease: LeaseConfig | None = None
 
 
 def configure(settings: kopf.OperatorSettings, *, max_workers: int = 16) -> None:
@@ -36,7 +40,7 @@ def configure(settings: kopf.OperatorSettings, *, max_workers: int = 16) -> None
         prefix=PREFIX, key="last-handled-configuration"
     )
     settings.persistence.finalizer = f"{PREFIX}/finalizer"  # unused: no handler needs one (GC via ownerReferences)
-    # Exactly one replica: no peering objects, no leader election (docs/operator.md).
+    # No kopf peering objects: with several replicas, a Lease (leader.py) decides which one runs kopf at all.
     settings.peering.standalone = True
     # Serve the namespaces given on the command line only; no list/watch of Namespaces and CRDs needed.
     settings.scanning.disabled = True
