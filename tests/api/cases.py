@@ -329,6 +329,13 @@ INVALID_CASES: list[InvalidCase] = [
         "domain/name",
     ),
     _case(
+        "ib-hca-with-ib-disabled",
+        "spec.cluster.network.ibHca",
+        "ib-hca-needs-ib",
+        _set("spec.cluster.network", {"ibHca": "mlx5_0", "disableIB": True}),
+        "remove one of them",
+    ),
+    _case(
         "multikueue-without-queue",
         "spec.cluster.managedBy",
         "multikueue-needs-queue",

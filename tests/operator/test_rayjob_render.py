@@ -368,3 +368,23 @@ def test_rollout_pod_settings_are_checked_too() -> None:
     spec = base_spec(rollout={"nodes": 1, "pod": {"labels": {"kuberl.io/rljob": "other"}}})
     spec["rollout"] = {"placement": "separate"}
     assert "spec.cluster.rollout.pod.labels" in issues_of(spec)
+
+
+def test_network_settings_become_nccl_and_gloo_variables_in_every_pod() -> None:
+    doc = base_spec(network={"socketInterface": "^lo,docker", "ibHca": "mlx5_0,mlx5_1"})
+    cluster = render_rayjob("j", "ns", UID, spec_of(doc))["spec"]["rayClusterSpec"]
+    for group in (cluster["headGroupSpec"], *cluster["workerGroupSpecs"]):
+        env = env_of(containers(group)[0])
+        assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "^lo,docker"
+        assert env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1" and "NCCL_IB_DISABLE" not in env
+    plain = env_of(
+        containers(render_rayjob("j", "ns", UID, spec_of(base_spec()))["spec"]["rayClusterSpec"]["headGroupSpec"])[0]
+    )
+    assert not {"NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_DISABLE"} & set(plain)
+    tcp = render_rayjob("j", "ns", UID, spec_of(base_spec(network={"disableIB": True})))
+    assert env_of(containers(tcp["spec"]["rayClusterSpec"]["workerGroupSpecs"][0])[0])["NCCL_IB_DISABLE"] == "1"
+
+
+def test_contradicting_network_settings_are_refused() -> None:
+    issues = issues_of(base_spec(network={"ibHca": "mlx5_0", "disableIB": True}))
+    assert "disableIB is true" in issues["spec.cluster.network.ibHca"]

@@ -329,6 +329,14 @@ RULES: tuple[Rule, ...] = (
         verl="ours",
     ),
     Rule(
+        id="ib-hca-needs-ib",
+        field="cluster.network.ibHca",
+        rule="!has(self.cluster.network.ibHca) || !self.cluster.network.disableIB",
+        message="cluster.network.ibHca names InfiniBand devices but cluster.network.disableIB is true; "
+        "remove one of them",
+        verl="ours",
+    ),
+    Rule(
         id="multikueue-needs-queue",
         field="cluster.managedBy",
         rule="!has(self.cluster.managedBy) || self.cluster.managedBy != 'kueue.x-k8s.io/multikueue'"

@@ -385,6 +385,30 @@ class PodSettings(SpecModel):
     )
 
 
+InterfaceName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[\^=]?[A-Za-z0-9_.,:\-]+$")]
+
+
+class Network(SpecModel):
+    """How the ranks of a multi-node job talk; each field names the failure it prevents."""
+
+    socket_interface: InterfaceName | None = Field(
+        None,
+        description="NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME, e.g. eth0 or ^lo,docker: on nodes with several "
+        "interfaces NCCL may bootstrap over one the other node cannot reach and hang at the first collective.",
+    )
+    ib_hca: InterfaceName | None = Field(
+        None,
+        description="NCCL_IB_HCA, e.g. mlx5_0,mlx5_1: keeps NCCL on the RDMA devices the pod was given "
+        "(pod.extraResources) instead of probing ones it cannot open.",
+    )
+    disable_ib: bool = Field(
+        False,
+        alias="disableIB",
+        description="NCCL_IB_DISABLE=1: TCP sockets only, for nodes whose InfiniBand/RoCE is not exposed to pods "
+        "(NCCL otherwise fails with 'no IB device found' or falls back silently per rank).",
+    )
+
+
 class NodePool(SpecModel):
     nodes: int = Field(1, ge=1, le=1024, description="Pods (one per node) in this pool.")
     gpus_per_node: int = Field(
@@ -451,6 +475,9 @@ class Cluster(SpecModel):
     )
     priority_class_name: Annotated[str, Field(max_length=253)] | None = Field(
         None, description="PriorityClass of the Ray pods."
+    )
+    network: Network = Field(
+        default_factory=Network, description="NCCL/Gloo interfaces and InfiniBand for multi-node jobs."
     )
     managed_by: Literal["ray.io/kuberay-operator", "kueue.x-k8s.io/multikueue"] | None = Field(
         None,

@@ -192,11 +192,25 @@ def _env(
         {"name": "KUBERL_POOL", "value": pool},
         {"name": "KUBERL_DEVICE", "value": spec.cluster.device},
         *({"name": k, "value": v} for k, v in extra),
+        *({"name": k, "value": v} for k, v in _network_env(spec)),
     ]
     # The user's variables win: a user may override any of ours (e.g. NCCL_DEBUG=INFO when debugging).
     user = [e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in spec.cluster.env]
     overridden = {u["name"] for u in user}
     return [e for e in env if e["name"] not in overridden] + user
+
+
+def _network_env(spec: RLJobSpec) -> list[tuple[str, str]]:
+    """cluster.network as NCCL's and Gloo's variables (docs/api.md says what each prevents)."""
+    network = spec.cluster.network
+    env: list[tuple[str, str]] = []
+    if network.socket_interface:
+        env += [("NCCL_SOCKET_IFNAME", network.socket_interface), ("GLOO_SOCKET_IFNAME", network.socket_interface)]
+    if network.ib_hca:
+        env.append(("NCCL_IB_HCA", network.ib_hca))
+    if network.disable_ib:
+        env.append(("NCCL_IB_DISABLE", "1"))
+    return env
 
 
 def _volumes(name: str, shm_size: str) -> list[dict[str, Any]]:
