@@ -388,3 +388,20 @@ def test_network_settings_become_nccl_and_gloo_variables_in_every_pod() -> None:
 def test_contradicting_network_settings_are_refused() -> None:
     issues = issues_of(base_spec(network={"ibHca": "mlx5_0", "disableIB": True}))
     assert "disableIB is true" in issues["spec.cluster.network.ibHca"]
+
+
+def test_a_queued_rayjob_meets_what_kueues_rayjob_webhook_requires() -> None:
+    """Kueue's RayJob webhook refuses in-tree autoscaling, a cluster that outlives the job (shutdownAfterJobFinishes
+    false, or clusterSelector: an existing cluster) and more worker groups than its pod sets hold (8 with the head
+    and the submitter: 6 worker groups); the largest RLJob (separate rollout) renders none of those."""
+    doc = base_spec(queueName="team-a", rollout={"nodes": 2, "gpusPerNode": 8})
+    doc["rollout"] = {"placement": "separate"}
+    rayjob = render_rayjob("j", "ns", UID, spec_of(doc))
+    spec = rayjob["spec"]
+    assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert "clusterSelector" not in spec
+    assert not spec["rayClusterSpec"].get("enableInTreeAutoscaling", False)
+    assert len(spec["rayClusterSpec"]["workerGroupSpecs"]) <= 6
+    for group in spec["rayClusterSpec"]["workerGroupSpecs"]:
+        assert group["replicas"] == group["minReplicas"] == group["maxReplicas"]  # a fixed size Kueue can admit
