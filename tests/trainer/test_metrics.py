@@ -173,3 +173,34 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def test_gpu_sampler_averages_the_readings_of_a_step_and_restarts_at_each_take():
+    """Readings alternate busy (100) and idle (0) as a step does: the step's figure is their mean, not the last one."""
+    import itertools
+    import time
+
+    from kuberl.trainer.metrics import GPUSampler
+
+    readings = itertools.cycle([100.0, 0.0])
+    sampler = GPUSampler(lambda: next(readings), interval=0.01)
+    try:
+        time.sleep(0.3)
+        mean = sampler.take()
+        assert mean is not None and 30 < mean < 70
+        sampler.close()
+        sampler.take()
+        assert sampler.take() is None  # nothing read since the last take
+    finally:
+        sampler.close()
+
+
+def test_gpu_sampler_stops_when_the_reading_fails():
+    from kuberl.trainer.metrics import GPUSampler
+
+    def broken() -> float:
+        raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+
+    sampler = GPUSampler(broken, interval=0.01)
+    sampler._thread.join(timeout=5)
+    assert not sampler._thread.is_alive() and sampler.take() is None

@@ -90,6 +90,59 @@ class Timer:
         return {f"timing_s/{k}": v for k, v in self.seconds.items()}
 
 
+class GPUSampler:
+    """A value (NVML utilization) read every `interval` seconds in a daemon thread; `take()` gives the mean over the
+    samples since the last take, so a step's figure covers the whole step and not the instant it ended at (when the
+    GPU is often idle, waiting for the driver)."""
+
+    def __init__(self, read: Callable[[], float], interval: float = 0.5) -> None:
+        import threading
+
+        self.read = read
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._sum, self._count = 0.0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kuberl-gpu-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                value = float(self.read())
+            except Exception as exc:  # NVML gone (driver reset): stop sampling, the step metrics go on without it
+                log.warning("GPU sampler stopped: %s", exc)
+                return
+            with self._lock:
+                self._sum, self._count = self._sum + value, self._count + 1
+            self._stop.wait(self.interval)
+
+    def take(self) -> float | None:
+        """Mean since the previous take (None when no sample was read in between)."""
+        with self._lock:
+            mean = self._sum / self._count if self._count else None
+            self._sum, self._count = 0.0, 0
+        return mean
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+_NVML_SAMPLERS: dict[int, GPUSampler] = {}
+
+
+def nvml_utilization_sampler(index: int) -> GPUSampler:
+    """One sampler per GPU index and process, started on first use (raises when NVML is unavailable)."""
+    if index not in _NVML_SAMPLERS:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        _NVML_SAMPLERS[index] = GPUSampler(lambda: float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu))
+    return _NVML_SAMPLERS[index]
+
+
 def summary_line(step: int, total_steps: int, m: dict[str, float]) -> str:
     """The console line: step, reward, KL, entropy, response length, step time, tokens/s."""
 
