@@ -268,3 +268,53 @@ def test_namespace_editors_and_viewers_get_rljobs_through_the_aggregated_roles(
     assert can_i(cluster, auditor, "list", "rljobs.kuberl.io", namespace)
     assert not can_i(cluster, auditor, "create", "rljobs.kuberl.io", namespace)
     assert not can_i(cluster, dev, "create", "rljobs.kuberl.io", "default")  # only where the binding is
+
+
+def test_two_operators_with_the_charts_service_account_elect_one_leader(
+    cluster: Cluster, helm_bin: Path, namespace: str, tmp_path: Path, uninstall
+):
+    """The operator runs as the chart's ServiceAccount with the args the chart gives it: the leader-election Role
+    (create, and get/update of the one Lease by name) is enough to take the Lease, and the second replica waits."""
+    from e2e.operator.process import OperatorProcess
+
+    release = release_for(namespace)
+    install(cluster, namespace, values={"watchNamespaces": [namespace]}, tmp=tmp_path)
+    uninstall.append((release, namespace))
+    args = one_deployment_args(cluster, release, namespace)
+    election = tuple(a for a in args if a.startswith(("--leader-elect", "--lease-", "--renew-", "--retry-")))
+    kubeconfig = cluster.service_account_kubeconfig(namespace, release)
+    replicas = [
+        OperatorProcess(
+            kubeconfig=kubeconfig,
+            log_dir=tmp_path / name,
+            namespaces=(namespace,),
+            extra_args=(*election, f"--lease-namespace={namespace}", f"--identity={name}"),
+        )
+        for name in ("pod-a", "pod-b")
+    ]
+    try:
+        for replica in replicas:
+            replica.start()
+        lease = f"{release}-leader"
+        deadline = time.monotonic() + 30
+        holder = None
+        while time.monotonic() < deadline and holder is None:
+            result = cluster.kubectl(
+                "get", "lease", lease, "-n", namespace, "-o", "jsonpath={.spec.holderIdentity}", check=False
+            )
+            holder = result.stdout.strip() or None
+            time.sleep(0.5)
+        assert holder in ("pod-a", "pod-b"), (replicas[0].log_tail(), replicas[1].log_tail())
+        standby = replicas[1] if holder == "pod-a" else replicas[0]
+        time.sleep(2)  # a few retry periods: the standby keeps waiting
+        assert "waiting for Lease" in standby.logs() and "leading" not in standby.logs()
+        assert all(replica.alive() for replica in replicas)
+    finally:
+        for replica in replicas:
+            replica.stop()
+
+
+def one_deployment_args(cluster: Cluster, release: str, namespace: str) -> list[str]:
+    deployment = cluster.get("deployment", release, namespace)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container["args"]
