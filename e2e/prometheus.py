@@ -4,6 +4,7 @@
     with Prometheus([ScrapeJob("trainer", ["127.0.0.1:9400"], labels={"namespace": "ns"})]) as prom:
         prom.wait_for_targets()                     # every target scraped successfully at least once
         prom.query('kuberl_step{namespace="ns"}')   # the result list of /api/v1/query
+    Prometheus(jobs, rules={"groups": [...]})       # alerting rules too: prom.alerts(), prom.rule_health()
 
 The binary is the Debian/Ubuntu package's `/usr/bin/prometheus` (`apt-get install -y prometheus`), or
 `KUBERL_PROMETHEUS`, or `prometheus` on PATH. The package's own service is not used: each `Prometheus` runs a
@@ -91,6 +92,8 @@ class Prometheus:
     scrape_interval: str = "1s"
     binary: Path | None = None
     start_timeout: float = 30.0
+    # rule groups (`{"groups": [...]}`, as in a PrometheusRule's spec), evaluated every scrape interval
+    rules: dict[str, Any] | None = None
 
     url: str = field(init=False, default="")
     workdir: Path = field(init=False, default=Path())
@@ -103,6 +106,9 @@ class Prometheus:
             "global": {"scrape_interval": self.scrape_interval, "evaluation_interval": self.scrape_interval},
             "scrape_configs": [job.config(self.scrape_interval) for job in self.jobs],
         }
+        if self.rules is not None:
+            (self.workdir / "rules.yml").write_text(yaml.safe_dump(self.rules, sort_keys=False))
+            config["rule_files"] = [str(self.workdir / "rules.yml")]
         config_file = self.workdir / "prometheus.yml"
         config_file.write_text(yaml.safe_dump(config, sort_keys=False))
         port = free_port()
@@ -178,6 +184,16 @@ class Prometheus:
         """An instant query at now; the `result` list (vector) or [scalar] for a scalar result."""
         data = self.api("query", {"query": expr})
         return data["result"] if data["resultType"] in ("vector", "matrix") else [data["result"]]
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """Active alerts (pending or firing) of the loaded rules."""
+        return self.api("alerts")["alerts"]
+
+    def rule_health(self) -> dict[str, tuple[str, str]]:
+        """Every loaded rule's name -> (health, lastError): "ok" once evaluated without error."""
+        return {
+            r["name"]: (r["health"], r.get("lastError", "")) for g in self.api("rules")["groups"] for r in g["rules"]
+        }
 
     def label_values(self, label: str, match: str | None = None) -> list[str]:
         return self.api(f"label/{label}/values", {"match[]": [match]} if match else None)

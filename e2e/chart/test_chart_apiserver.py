@@ -4,6 +4,7 @@ validation and strict field checks), and the RBAC it grants, asked of the apiser
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -80,7 +81,13 @@ def uninstall(cluster: Cluster):
 @pytest.fixture(scope="module")
 def monitoring_crds(cluster: Cluster) -> None:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(MONITORING_CRDS))
-    cluster.wait_established(["servicemonitors.monitoring.coreos.com", "podmonitors.monitoring.coreos.com"])
+    cluster.wait_established(
+        [
+            "servicemonitors.monitoring.coreos.com",
+            "podmonitors.monitoring.coreos.com",
+            "prometheusrules.monitoring.coreos.com",
+        ]
+    )
 
 
 def test_server_dry_run_renders_against_the_cluster(cluster: Cluster, helm_bin: Path, namespace: str):
@@ -112,7 +119,8 @@ def test_install_creates_every_object_the_apiserver_accepts(
     install(cluster, namespace)
     uninstall.append((release, namespace))
     deployment = cluster.get("deployment", release, namespace)
-    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["replicas"] == 2  # leader election through the Lease
+    assert cluster.get("role", f"{release}-leader-election", namespace)["rules"]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--all-namespaces" in args
     assert cluster.get("clusterrole", f"{release}-operator")["rules"]
@@ -209,6 +217,7 @@ def test_monitors_install_with_every_field_kept(
     values = {
         "watchNamespaces": [namespace],
         "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
+        "prometheusRule": {"enabled": True},
     }
     (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
     rendered = [
@@ -225,7 +234,87 @@ def test_monitors_install_with_every_field_kept(
     for kind, resource in (
         ("ServiceMonitor", "servicemonitors.monitoring.coreos.com"),
         ("PodMonitor", "podmonitors.monitoring.coreos.com"),
+        ("PrometheusRule", "prometheusrules.monitoring.coreos.com"),
     ):
         (expected,) = [d for d in rendered if d["kind"] == kind]
         stored = cluster.get(resource, expected["metadata"]["name"], namespace)
         assert stored["spec"] == expected["spec"]
+
+
+def test_namespace_editors_and_viewers_get_rljobs_through_the_aggregated_roles(
+    cluster: Cluster, helm_bin: Path, namespace: str, uninstall
+):
+    """kube-controller-manager's aggregation folds <release>-edit/-view into the built-in edit/admin/view roles."""
+    release = release_for(namespace)
+    install(cluster, namespace)
+    uninstall.append((release, namespace))
+    for who, role in (("dev", "edit"), ("auditor", "view")):
+        cluster.kubectl(
+            "create",
+            "rolebinding",
+            who,
+            f"--clusterrole={role}",
+            f"--serviceaccount={namespace}:{who}",
+            "-n",
+            namespace,
+        )
+    dev, auditor = (f"system:serviceaccount:{namespace}:{who}" for who in ("dev", "auditor"))
+    deadline = time.monotonic() + 30
+    while not can_i(cluster, dev, "create", "rljobs.kuberl.io", namespace) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert can_i(cluster, dev, "create", "rljobs.kuberl.io", namespace)
+    assert can_i(cluster, dev, "delete", "rljobs.kuberl.io", namespace)
+    assert not can_i(cluster, dev, "patch", "rljobs.kuberl.io/status", namespace)
+    assert can_i(cluster, auditor, "list", "rljobs.kuberl.io", namespace)
+    assert not can_i(cluster, auditor, "create", "rljobs.kuberl.io", namespace)
+    assert not can_i(cluster, dev, "create", "rljobs.kuberl.io", "default")  # only where the binding is
+
+
+def test_two_operators_with_the_charts_service_account_elect_one_leader(
+    cluster: Cluster, helm_bin: Path, namespace: str, tmp_path: Path, uninstall
+):
+    """The operator runs as the chart's ServiceAccount with the args the chart gives it: the leader-election Role
+    (create, and get/update of the one Lease by name) is enough to take the Lease, and the second replica waits."""
+    from e2e.operator.process import OperatorProcess
+
+    release = release_for(namespace)
+    install(cluster, namespace, values={"watchNamespaces": [namespace]}, tmp=tmp_path)
+    uninstall.append((release, namespace))
+    args = one_deployment_args(cluster, release, namespace)
+    election = tuple(a for a in args if a.startswith(("--leader-elect", "--lease-", "--renew-", "--retry-")))
+    kubeconfig = cluster.service_account_kubeconfig(namespace, release)
+    replicas = [
+        OperatorProcess(
+            kubeconfig=kubeconfig,
+            log_dir=tmp_path / name,
+            namespaces=(namespace,),
+            extra_args=(*election, f"--lease-namespace={namespace}", f"--identity={name}"),
+        )
+        for name in ("pod-a", "pod-b")
+    ]
+    try:
+        for replica in replicas:
+            replica.start()
+        lease = f"{release}-leader"
+        deadline = time.monotonic() + 30
+        holder = None
+        while time.monotonic() < deadline and holder is None:
+            result = cluster.kubectl(
+                "get", "lease", lease, "-n", namespace, "-o", "jsonpath={.spec.holderIdentity}", check=False
+            )
+            holder = result.stdout.strip() or None
+            time.sleep(0.5)
+        assert holder in ("pod-a", "pod-b"), (replicas[0].log_tail(), replicas[1].log_tail())
+        standby = replicas[1] if holder == "pod-a" else replicas[0]
+        time.sleep(2)  # a few retry periods: the standby keeps waiting
+        assert "waiting for Lease" in standby.logs() and "leading" not in standby.logs()
+        assert all(replica.alive() for replica in replicas)
+    finally:
+        for replica in replicas:
+            replica.stop()
+
+
+def one_deployment_args(cluster: Cluster, release: str, namespace: str) -> list[str]:
+    deployment = cluster.get("deployment", release, namespace)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container["args"]

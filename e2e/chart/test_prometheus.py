@@ -76,6 +76,7 @@ STEP: dict[str, float] = {
     "perf/mfu/actor": 0.31,
     "perf/max_memory_allocated_gb": 61.2,
     "perf/max_memory_reserved_gb": 70.4,
+    "val-core/openai/gsm8k/reward/mean@1": 0.58,
     **{f"gpu/{rank}/utilization": 90.0 + rank for rank in range(8)},
     **{f"gpu/{rank}/memory_used_gb": 70.0 + rank / 10 for rank in range(8)},
 }
@@ -361,7 +362,8 @@ def test_gpu_panels_count_only_the_rljobs_gpus(
         assert all(60 * 2**30 < float(s["value"][1]) < 80 * 2**30 for s in memory)  # MiB -> bytes
 
 
-SKIP_ON_CPU = ("GPU", "NVLink", "Tensor", "Temperature", "Power", "XID", "Trainer peak memory")
+# GPU panels, and the validation score: the run validates with testFreq -1 / valBeforeTrain false (no val-core series)
+SKIP_ON_CPU = ("GPU", "NVLink", "Tensor", "Temperature", "Power", "XID", "Trainer peak memory", "Validation score")
 
 
 @pytest.mark.slow
@@ -437,3 +439,132 @@ def test_a_real_cpu_training_run_feeds_the_training_dashboard(
         if run.poll() is None:
             run.terminate()
             run.wait(timeout=30)
+
+
+# ---- alerts ----------------------------------------------------------------------------------------------------
+
+DIVERGED = "diverged"
+ALERT_VALUES = {
+    # the chart's own rules, with windows short enough for a test (the expressions are the defaults' otherwise)
+    "prometheusRule": {"enabled": True, "stalledAfter": "5s", "gpuIdleFor": "0s", "operatorDownFor": "0s"}
+}
+
+
+def chart_alert_rules(helm_bin: Path, tmp_path: Path) -> dict[str, Any]:
+    """The rule groups of the PrometheusRule that `helm template` renders (release kuberl in kuberl-system)."""
+    values = tmp_path / "alert-values.yaml"
+    values.write_text(yaml.safe_dump(ALERT_VALUES))
+    chart = str(REPO / "charts" / "kuberl")
+    args = ["template", "kuberl", chart, "--namespace", OPERATOR_NAMESPACE, "--values", str(values)]
+    out = subprocess.run(
+        [str(helm_bin), *args, "--show-only", "templates/prometheusrule.yaml"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "HELM_CONFIG_HOME": str(tmp_path / "helm"), "HELM_CACHE_HOME": str(tmp_path / "helm")},
+    ).stdout
+    return {"groups": yaml.safe_load(out)["spec"]["groups"]}
+
+
+@pytest.fixture
+def advancing_trainer() -> Iterator[str]:
+    """A healthy trainer: a step every 0.3 s, busy GPUs, finite reward and loss."""
+    from kuberl.trainer.metrics import PrometheusSink
+
+    sink = PrometheusSink(free_port(), rljob=JOB, namespace=JOB_NAMESPACE, total_steps=10_000, addr="127.0.0.1")
+    stop = threading.Event()
+
+    def train() -> None:
+        step = 1
+        while not stop.wait(0.3):
+            sink.log(step, STEP)
+            step += 1
+
+    thread = threading.Thread(target=train, daemon=True)
+    sink.log(0, STEP)
+    thread.start()
+    yield f"127.0.0.1:{sink.port}"
+    stop.set()
+    thread.join()
+    sink.close()
+
+
+@pytest.fixture
+def diverged_trainer() -> Iterator[str]:
+    """A broken trainer: stuck at step 5 of 200, NaN loss, +Inf reward, GPUs at 2 %."""
+    from kuberl.trainer.metrics import PrometheusSink
+
+    sink = PrometheusSink(free_port(), rljob=DIVERGED, namespace=JOB_NAMESPACE, total_steps=200, addr="127.0.0.1")
+    broken = {
+        **STEP,
+        "actor/pg_loss": float("nan"),
+        "critic/score/mean": float("inf"),
+        **{f"gpu/{rank}/utilization": 2.0 for rank in range(8)},
+    }
+    sink.log(5, broken)
+    yield f"127.0.0.1:{sink.port}"
+    sink.close()
+
+
+def firing(prom: Prometheus) -> set[tuple[str, str]]:
+    """(alertname, rljob or "", and the `metric` of a non-finite series) of every firing alert."""
+    alerts = [a["labels"] for a in prom.alerts() if a["state"] == "firing"]
+    return {(a["alertname"], a.get("rljob", ""), *([a["metric"]] if "metric" in a else [])) for a in alerts}
+
+
+def test_each_alert_fires_on_its_fault_and_stays_quiet_on_a_healthy_job(
+    prometheus_bin: Path,
+    helm_bin: Path,
+    operator: str,
+    advancing_trainer: str,
+    diverged_trainer: str,
+    exporters: dict[str, str],
+    tmp_path: Path,
+):
+    """The chart's PrometheusRule on a real Prometheus: the real operator (with a Failed RLJob), a trainer that
+    advances and one that diverged. Every rule evaluates without error; exactly the expected alerts fire."""
+    rules = chart_alert_rules(helm_bin, tmp_path)
+    jobs = scrape_jobs(
+        operator,
+        advancing_trainer,
+        exporters,
+        dcgm_honor_labels=True,
+        trainer_labels={"namespace": JOB_NAMESPACE, "pod": HEAD_POD, "rljob": JOB},
+    )
+    jobs.append(
+        ScrapeJob(
+            "kuberl-system/kuberl-rljobs-diverged",
+            [diverged_trainer],
+            honor_labels=True,
+            labels={"namespace": JOB_NAMESPACE, "pod": "diverged-head", "rljob": DIVERGED},
+        )
+    )
+    expected = {
+        ("KuberlRLJobFailed", ""),
+        ("KuberlRLJobStalled", DIVERGED),
+        ("KuberlGPUsIdle", DIVERGED),
+        ("KuberlRLJobNonFinite", DIVERGED, "actor_pg_loss"),
+        ("KuberlRLJobNonFinite", DIVERGED, "critic_score_mean"),
+    }
+    with Prometheus(jobs, binary=prometheus_bin, rules=rules) as prom:
+        prom.wait_for_targets(scrapes=2)
+        assert prom.wait_for('kuberl_operator_rljobs{phase="Failed"} > 0'), "the operator reported no Failed RLJob"
+        deadline = time.monotonic() + 30  # stalledAfter (5 s) of history, then one evaluation
+        while firing(prom) != expected and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert firing(prom) == expected
+        health = prom.rule_health()
+        assert sorted(health) == sorted(r["alert"] for g in rules["groups"] for r in g["rules"])
+        assert all(h == ("ok", "") for h in health.values()), health
+
+
+def test_operator_down_fires_when_no_operator_replica_answers(prometheus_bin: Path, helm_bin: Path, tmp_path: Path):
+    """The operator's scrape target is a closed port, as when its pods are gone: up == 0."""
+    rules = chart_alert_rules(helm_bin, tmp_path)
+    dead = ScrapeJob("kuberl-metrics", [f"127.0.0.1:{free_port()}"], labels={"namespace": OPERATOR_NAMESPACE})
+    with Prometheus([dead], binary=prometheus_bin, rules=rules) as prom:
+        assert prom.wait_for('up{job="kuberl-metrics"} == 0')
+        deadline = time.monotonic() + 15
+        while ("KuberlOperatorDown", "") not in firing(prom) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert firing(prom) == {("KuberlOperatorDown", "")}

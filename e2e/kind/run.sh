@@ -193,6 +193,28 @@ wait_for_success() {
   done
 }
 
+lease_holder() { k -n "$OPERATOR_NS" get lease "$RELEASE-leader" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true; }
+
+# What only a real cluster shows about the two operator replicas: the Lease is held by one pod (POD_NAME), and
+# after that pod is deleted without grace (as on a lost node) the other takes over while the RLJob runs; the job
+# must still succeed with no restart (check_result).
+failover_leader() {
+  local leader holder deadline t0
+  k -n "$OPERATOR_NS" wait --for=condition=Ready pod -l app.kubernetes.io/component=operator --timeout=120s
+  leader=$(lease_holder)
+  [[ -n $leader ]] || die "no operator replica holds the Lease $OPERATOR_NS/$RELEASE-leader"
+  log "operator leader: $leader; deleting it without grace while RLJob $JOB runs"
+  t0=$SECONDS
+  k -n "$OPERATOR_NS" delete pod "$leader" --grace-period=0 --force --wait=false
+  deadline=$((SECONDS + 60))
+  until holder=$(lease_holder) && [[ -n $holder && $holder != "$leader" ]]; do
+    ((SECONDS < deadline)) || die "no other replica took the Lease within 60 s (holder: ${holder:-none})"
+    sleep 1
+  done
+  log "ok: $holder took the Lease $((SECONDS - t0)) s after $leader was deleted"
+  printf 'leader failover: %s -> %s in %d s\n' "$leader" "$holder" $((SECONDS - t0)) >>"$ARTIFACTS/versions.txt"
+}
+
 failures=0
 expect() {  # expect WHAT ACTUAL EXPECTED
   if [[ $2 == "$3" ]]; then
@@ -219,6 +241,7 @@ check_result() {
   expect "RLJob status.progress.totalSteps" "$(jp rljob "$JOB" '{.status.progress.totalSteps}')" "$TOTAL"
   expect_set "RLJob status.progress.rewardMean" "$(jp rljob "$JOB" '{.status.progress.rewardMean}')"
   expect_set "RLJob status.progress.lastCheckpoint" "$(jp rljob "$JOB" '{.status.progress.lastCheckpoint}')"
+  expect "RLJob status.progress.percentComplete" "$(jp rljob "$JOB" '{.status.progress.percentComplete}')" 100
   expect "RLJob condition Succeeded" "$(jp rljob "$JOB" '{.status.conditions[?(@.type=="Succeeded")].status}')" True
   expect "RLJob condition Failed" "$(jp rljob "$JOB" '{.status.conditions[?(@.type=="Failed")].status}')" False
   local restarts
@@ -281,6 +304,7 @@ step load_images
 step install_kuberay
 step install_kuberl
 step apply_job
+step failover_leader
 step wait_for_success
 step check_result
 step check_cleanup

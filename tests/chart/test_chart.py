@@ -30,14 +30,25 @@ VALUE_SETS: dict[str, dict[str, Any] | None] = {
     "namespaced": {"watchNamespaces": ["team-a", "team-b"]},
     "monitors-on": {
         "metrics": {
-            "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
-            "podMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
-        }
+            "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
+            "podMonitor": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
+        },
+        "prometheusRule": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
     },
     "monitors-on-namespaced": {
         "watchNamespaces": ["team-a"],
         "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True, "scrapeRay": False}},
     },
+    "monitors-elsewhere": {
+        "metrics": {
+            "serviceMonitor": {"enabled": True, "namespace": "monitoring", "honorLabels": True},
+            "podMonitor": {"enabled": True, "namespace": "monitoring", "honorLabels": False},
+        },
+        "prometheusRule": {"enabled": True, "namespace": "monitoring", "alertLabels": {"team": "ml-platform"}},
+    },
+    "single-replica": {"operator": {"replicas": 1, "leaderElection": {"enabled": False}}},
+    "digest": {"operator": {"image": {"tag": "0.1.0", "digest": "sha256:" + "ab" * 32}}},
+    "digest-as-tag": {"operator": {"image": {"tag": "sha256:" + "cd" * 32}}},
     "dashboards-off": {"dashboards": {"enabled": False}},
     "rbac-off": {"rbac": {"create": False}, "trainer": {"serviceAccount": {"create": False}}},
     "customised": {
@@ -59,7 +70,10 @@ VALUE_SETS: dict[str, dict[str, Any] | None] = {
             "priorityClassName": "system-cluster-critical",
             "podAnnotations": {"example.com/owner": "platform"},
             "podLabels": {"team": "platform"},
+            "podSecurityContext": {"runAsNonRoot": True, "runAsUser": 1001, "fsGroup": 1001},
+            "readinessProbe": {"httpGet": {"path": "/healthz", "port": "health"}, "periodSeconds": 3},
         },
+        "rbac": {"aggregateToDefaultRoles": False},
         "metrics": {"service": {"enabled": False}},
         "dashboards": {
             "namespace": "monitoring",
@@ -143,19 +157,57 @@ def test_chart_app_version_is_the_package_version():
 # ---- operator Deployment ---------------------------------------------------------------------------------------
 
 
-def test_operator_runs_one_replica_because_kopf_has_no_leader_election(rendered):
-    for objects in rendered.values():
-        deployment = one(objects, "Deployment")
-        assert deployment["spec"]["replicas"] == 1
-        assert deployment["spec"]["strategy"]["type"] == "Recreate"  # never two during a rollout
+def test_operator_runs_two_replicas_that_elect_a_leader_through_a_lease(rendered):
+    deployment = one(rendered["defaults"], "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    args = operator_container(rendered["defaults"])["args"]
+    assert "--leader-elect" in args and "--lease-name=kuberl-leader" in args
+    assert {"--lease-duration=15", "--renew-deadline=10", "--retry-period=2"} <= set(args)
+    role = one(rendered["defaults"], "Role", "kuberl-leader-election")
+    assert role["metadata"]["namespace"] == RELEASE_NAMESPACE
+    assert rule_set(role["rules"]) == {("coordination.k8s.io", "leases", v) for v in ("create", "get", "update")}
+    assert [r.get("resourceNames") for r in role["rules"]] == [None, ["kuberl-leader"]]
+    binding = one(rendered["defaults"], "RoleBinding", "kuberl-leader-election")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kuberl", "namespace": RELEASE_NAMESPACE}]
+
+
+def test_a_single_replica_without_leader_election_never_runs_two_pods(rendered):
+    objects = rendered["single-replica"]
+    deployment = one(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert "--leader-elect" not in operator_container(objects)["args"]
+    assert not [r for r in kinds(objects, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"operator": {"replicas": 3, "leaderElection": {"enabled": False}}}, "needs operator.leaderElection.enabled"),
+        ({"operator": {"leaderElection": {"leaseDuration": 10, "renewDeadline": 10}}}, "renewDeadline must be below"),
+    ],
+    ids=["replicas-without-election", "deadline-not-below-lease"],
+)
+def test_unsafe_leader_election_settings_are_refused(
+    helm: Path, helm_home: Path, tmp_path: Path, values: dict[str, Any], message: str
+):
+    result = run_helm(helm, helm_home, *template_args(values, tmp_path / "values.yaml"), check=False)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+def test_image_digest_pins_the_image_given_as_digest_or_as_tag(rendered):
+    assert operator_container(rendered["digest"])["image"] == "kuberl/operator@sha256:" + "ab" * 32
+    assert operator_container(rendered["digest-as-tag"])["image"] == "kuberl/operator@sha256:" + "cd" * 32
 
 
 def test_operator_pod_is_non_root_read_only_and_drops_all_capabilities(rendered):
     pod = one(rendered["defaults"], "Deployment")["spec"]["template"]["spec"]
     container = operator_container(rendered["defaults"])
-    assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["securityContext"]["runAsUser"] == 65532
-    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}  # no UID
     sc = container["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True
     assert sc["allowPrivilegeEscalation"] is False
@@ -164,11 +216,24 @@ def test_operator_pod_is_non_root_read_only_and_drops_all_capabilities(rendered)
     assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
 
 
+def test_pod_security_context_and_probes_come_from_values(rendered):
+    pod = one(rendered["customised"], "Deployment")["spec"]["template"]["spec"]
+    # helm merges the given keys into the defaults
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 1001,
+        "fsGroup": 1001,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert operator_container(rendered["customised"])["readinessProbe"]["periodSeconds"] == 3
+
+
 def test_operator_has_liveness_on_healthz_8081_metrics_on_8080_and_resources(rendered):
     container = operator_container(rendered["defaults"])
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": 8080, "health": 8081}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert "--metrics-port=8080" in container["args"] and "--health-port=8081" in container["args"]
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
     assert container["image"] == "kuberl/operator:0.1.0"
@@ -210,7 +275,7 @@ def test_customised_values_reach_the_deployment(rendered):
 
 def test_cluster_wide_mode_grants_exactly_the_operators_needs_in_one_cluster_role(rendered):
     objects = rendered["defaults"]
-    role = one(objects, "ClusterRole")
+    role = one(objects, "ClusterRole", "kuberl-operator")
     assert rule_set(role["rules"]) == OPERATOR
     binding = one(objects, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -221,7 +286,9 @@ def test_cluster_wide_mode_grants_exactly_the_operators_needs_in_one_cluster_rol
 
 def test_namespaced_mode_grants_a_role_per_namespace_and_nothing_cluster_wide(rendered):
     objects = rendered["namespaced"]
-    assert not kinds(objects, "ClusterRole") and not kinds(objects, "ClusterRoleBinding")
+    assert not kinds(objects, "ClusterRoleBinding")
+    # only the aggregated user roles, which grant the operator nothing
+    assert sorted(r["metadata"]["name"] for r in kinds(objects, "ClusterRole")) == ["kuberl-edit", "kuberl-view"]
     roles = {
         r["metadata"]["namespace"]: r for r in kinds(objects, "Role") if r["metadata"]["name"] == "kuberl-operator"
     }
@@ -288,12 +355,28 @@ def test_trainer_namespaces_follow_watch_namespaces_unless_listed(rendered):
             assert rule_set(role["rules"]) == TRAINER
 
 
+def test_rljob_roles_aggregate_into_the_built_in_edit_and_view_roles(rendered):
+    objects = rendered["defaults"]
+    edit, view = one(objects, "ClusterRole", "kuberl-edit"), one(objects, "ClusterRole", "kuberl-view")
+    labels = edit["metadata"]["labels"]
+    assert labels["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert labels["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert ("kuberl.io", "rljobs", "create") in rule_set(edit["rules"])
+    assert ("kuberl.io", "rljobs/status", "patch") not in rule_set(edit["rules"])  # status is the operator's
+    assert rule_set(view["rules"]) == {
+        ("kuberl.io", r, v) for r in ("rljobs", "rljobs/status") for v in ("get", "list", "watch")
+    }
+    assert not [r for r in kinds(rendered["customised"], "ClusterRole") if r["metadata"]["name"].endswith("-edit")]
+
+
 # ---- Prometheus and Grafana ------------------------------------------------------------------------------------
 
 
 def test_monitors_are_off_by_default_and_the_metrics_service_is_on(rendered):
     objects = rendered["defaults"]
     assert not kinds(objects, "ServiceMonitor") and not kinds(objects, "PodMonitor")
+    assert not kinds(objects, "PrometheusRule")
     service = one(objects, "Service")
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}]
     pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
@@ -308,6 +391,39 @@ def test_service_monitor_selects_the_operator_metrics_service(rendered):
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [RELEASE_NAMESPACE]}
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["metadata"]["namespace"] == RELEASE_NAMESPACE
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is False
+
+
+def test_monitors_and_rules_go_to_their_own_namespace_with_honor_labels_from_values(rendered):
+    objects = rendered["monitors-elsewhere"]
+    service_monitor, pod_monitor = one(objects, "ServiceMonitor"), one(objects, "PodMonitor")
+    rule = one(objects, "PrometheusRule")
+    for obj in (service_monitor, pod_monitor, rule):
+        assert obj["metadata"]["namespace"] == "monitoring"
+    # the ServiceMonitor still looks for the Service in the release namespace
+    assert service_monitor["spec"]["namespaceSelector"] == {"matchNames": [RELEASE_NAMESPACE]}
+    assert service_monitor["spec"]["endpoints"][0]["honorLabels"] is True
+    assert pod_monitor["spec"]["podMetricsEndpoints"][0]["honorLabels"] is False
+    assert all(r["labels"]["team"] == "ml-platform" for r in rule["spec"]["groups"][0]["rules"])
+
+
+def test_prometheus_rule_has_the_five_alerts_against_the_release_s_metrics_service(rendered):
+    rule = one(rendered["monitors-on"], "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert sorted(alerts) == [
+        "KuberlGPUsIdle",
+        "KuberlOperatorDown",
+        "KuberlRLJobFailed",
+        "KuberlRLJobNonFinite",
+        "KuberlRLJobStalled",
+    ]
+    service = one(rendered["monitors-on"], "Service")["metadata"]["name"]
+    assert f'job="{service}"' in alerts["KuberlOperatorDown"]["expr"]
+    assert f'namespace="{RELEASE_NAMESPACE}"' in alerts["KuberlOperatorDown"]["expr"]
+    assert "[30m]" in alerts["KuberlRLJobStalled"]["expr"]
+    assert all(a["labels"]["severity"] in ("warning", "critical") for a in alerts.values())
 
 
 def test_pod_monitor_scrapes_the_ports_the_operator_gives_ray_pods(rendered):
@@ -400,7 +516,13 @@ BAD_VALUES = {
     "duplicate-namespace": ({"watchNamespaces": ["a", "a"]}, "watchNamespaces"),
     "port-as-string": ({"operator": {"metricsPort": "8080"}}, "metricsPort"),
     "port-out-of-range": ({"operator": {"healthPort": 70000}}, "healthPort"),
-    "unknown-operator-key": ({"operator": {"replicas": 2}}, "replicas"),
+    "unknown-operator-key": ({"operator": {"replica": 2}}, "replica"),
+    "zero-replicas": ({"operator": {"replicas": 0}}, "replicas"),
+    "digest-not-sha256": ({"operator": {"image": {"digest": "latest"}}}, "digest"),
+    "monitor-labels-renamed": ({"metrics": {"serviceMonitor": {"labels": {"a": "b"}}}}, "labels"),
+    "monitor-namespace-invalid": ({"metrics": {"podMonitor": {"namespace": "Monitoring"}}}, "namespace"),
+    "gpu-idle-as-percent": ({"prometheusRule": {"gpuIdleBelow": 10}}, "gpuIdleBelow"),
+    "stalled-after-not-a-duration": ({"prometheusRule": {"stalledAfter": "half an hour"}}, "stalledAfter"),
     "bad-pull-policy": ({"operator": {"image": {"pullPolicy": "Sometimes"}}}, "pullPolicy"),
     "monitor-flag-not-boolean": ({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "enabled"),
     "bad-scrape-interval": ({"metrics": {"podMonitor": {"interval": "15 seconds"}}}, "interval"),

@@ -269,3 +269,138 @@ def test_spec_hash_is_stable_and_tracks_changes() -> None:
     assert spec_hash(a) == spec_hash(spec_of(base_spec()))
     assert spec_hash(a) != spec_hash(b)
     assert render_rayjob("j", "ns", UID, a)["metadata"]["annotations"]["kuberl.io/spec-hash"] == spec_hash(a)
+
+
+# --- pod settings per pool and head (issue 20) ---------------------------------------
+
+POD_SETTINGS = {
+    "labels": {"team": "rl", "example.com/cost-center": "42"},
+    "annotations": {"k8s.v1.cni.cncf.io/networks": "rdma-net"},
+    "imagePullSecrets": ["regcred"],
+    "envFrom": [{"secretRef": {"name": "hf-token"}}, {"configMapRef": {"name": "proxy"}}],
+    "extraResources": {"rdma/hca_shared_devices_a": "1"},
+    "schedulerName": "volcano",
+    "runtimeClassName": "nvidia",
+    "priorityClassName": "rl-high",
+}
+
+
+def test_pod_settings_reach_every_pool_and_the_head_and_kuberay_accepts_them() -> None:
+    head_affinity = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+    doc = base_spec(
+        head={"pod": {**POD_SETTINGS, "extraResources": {}}, "affinity": head_affinity},
+        rollout={"nodes": 1, "gpusPerNode": 8, "pod": {"schedulerName": "kai-scheduler"}},
+        priorityClassName="rl-default",
+    )
+    doc["rollout"] = {"placement": "separate"}
+    doc["cluster"]["trainer"]["pod"] = POD_SETTINGS
+    rayjob = render_rayjob("j", "ns", UID, spec_of(doc))
+    assert rayjob_schema_errors(rayjob) == []
+    assert kuberay_checks(rayjob) == []
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    head, (trainer, rollout) = cluster["headGroupSpec"], cluster["workerGroupSpecs"]
+    for group in (head, trainer):
+        meta, pod = group["template"]["metadata"], group["template"]["spec"]
+        assert meta["labels"]["team"] == "rl" and meta["labels"]["kuberl.io/rljob"] == "j"
+        assert meta["annotations"] == {"k8s.v1.cni.cncf.io/networks": "rdma-net"}
+        assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+        assert pod["schedulerName"] == "volcano" and pod["runtimeClassName"] == "nvidia"
+        assert pod["priorityClassName"] == "rl-high"  # the pool's wins over cluster.priorityClassName
+        assert containers(group)[0]["envFrom"] == POD_SETTINGS["envFrom"]
+    assert head["template"]["spec"]["affinity"] == head_affinity
+    resources = containers(trainer)[0]["resources"]
+    assert resources["requests"]["rdma/hca_shared_devices_a"] == "1"
+    assert resources["limits"] == {
+        "cpu": "16",
+        "memory": "128Gi",
+        "rdma/hca_shared_devices_a": "1",
+        "nvidia.com/gpu": 8,
+    }
+    rollout_pod = rollout["template"]["spec"]
+    assert rollout_pod["schedulerName"] == "kai-scheduler" and rollout_pod["priorityClassName"] == "rl-default"
+    assert "imagePullSecrets" not in rollout_pod and "annotations" not in rollout["template"]["metadata"]
+
+
+def test_managed_by_reaches_the_rayjob_only_when_set() -> None:
+    assert "managedBy" not in render_rayjob("j", "ns", UID, spec_of(base_spec()))["spec"]
+    doc = base_spec(queueName="team-a", managedBy="kueue.x-k8s.io/multikueue")
+    rayjob = render_rayjob("j", "ns", UID, spec_of(doc))
+    assert rayjob["spec"]["managedBy"] == "kueue.x-k8s.io/multikueue"
+    assert rayjob_schema_errors(rayjob) == []
+
+
+def issues_of(spec: dict) -> dict[str, str]:
+    from kuberl.api.validation import validate_document
+
+    doc = {"apiVersion": "kuberl.io/v1alpha1", "kind": "RLJob", "metadata": {"name": "j"}, "spec": spec}
+    return {i.field: i.message for i in validate_document(doc)}
+
+
+@pytest.mark.parametrize(
+    ("cluster", "field", "words"),
+    [
+        ({"trainer": {"pod": {"labels": {"kuberl.io/pool": "x"}}}}, "spec.cluster.trainer.pod.labels", "kuberl.io/"),
+        ({"head": {"pod": {"labels": {"ray.io/node-type": "x"}}}}, "spec.cluster.head.pod.labels", "ray.io/"),
+        (
+            {"trainer": {"pod": {"extraResources": {"nvidia.com/gpu": "8"}}}},
+            "spec.cluster.trainer.pod.extraResources",
+            "gpusPerNode",
+        ),
+        (
+            {"head": {"pod": {"extraResources": {"memory": "1Gi"}}}},
+            "spec.cluster.head.pod.extraResources",
+            "domain/name",
+        ),
+        ({"managedBy": "kueue.x-k8s.io/multikueue"}, "spec.cluster.managedBy", "needs cluster.queueName"),
+    ],
+    ids=["pool-label-reserved", "head-label-reserved", "gpu-as-extra", "memory-as-extra", "multikueue-without-queue"],
+)
+def test_bad_pod_settings_are_refused_naming_the_field(cluster: dict, field: str, words: str) -> None:
+    spec = base_spec()
+    for key, value in cluster.items():
+        spec["cluster"][key] = {**spec["cluster"].get(key, {}), **value} if isinstance(value, dict) else value
+    issues = issues_of(spec)
+    assert field in issues and words in issues[field], issues
+
+
+def test_rollout_pod_settings_are_checked_too() -> None:
+    spec = base_spec(rollout={"nodes": 1, "pod": {"labels": {"kuberl.io/rljob": "other"}}})
+    spec["rollout"] = {"placement": "separate"}
+    assert "spec.cluster.rollout.pod.labels" in issues_of(spec)
+
+
+def test_network_settings_become_nccl_and_gloo_variables_in_every_pod() -> None:
+    doc = base_spec(network={"socketInterface": "^lo,docker", "ibHca": "mlx5_0,mlx5_1"})
+    cluster = render_rayjob("j", "ns", UID, spec_of(doc))["spec"]["rayClusterSpec"]
+    for group in (cluster["headGroupSpec"], *cluster["workerGroupSpecs"]):
+        env = env_of(containers(group)[0])
+        assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "^lo,docker"
+        assert env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1" and "NCCL_IB_DISABLE" not in env
+    plain = env_of(
+        containers(render_rayjob("j", "ns", UID, spec_of(base_spec()))["spec"]["rayClusterSpec"]["headGroupSpec"])[0]
+    )
+    assert not {"NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_DISABLE"} & set(plain)
+    tcp = render_rayjob("j", "ns", UID, spec_of(base_spec(network={"disableIB": True})))
+    assert env_of(containers(tcp["spec"]["rayClusterSpec"]["workerGroupSpecs"][0])[0])["NCCL_IB_DISABLE"] == "1"
+
+
+def test_contradicting_network_settings_are_refused() -> None:
+    issues = issues_of(base_spec(network={"ibHca": "mlx5_0", "disableIB": True}))
+    assert "disableIB is true" in issues["spec.cluster.network.ibHca"]
+
+
+def test_a_queued_rayjob_meets_what_kueues_rayjob_webhook_requires() -> None:
+    """Kueue's RayJob webhook refuses in-tree autoscaling, a cluster that outlives the job (shutdownAfterJobFinishes
+    false, or clusterSelector: an existing cluster) and more worker groups than its pod sets hold (8 with the head
+    and the submitter: 6 worker groups); the largest RLJob (separate rollout) renders none of those."""
+    doc = base_spec(queueName="team-a", rollout={"nodes": 2, "gpusPerNode": 8})
+    doc["rollout"] = {"placement": "separate"}
+    rayjob = render_rayjob("j", "ns", UID, spec_of(doc))
+    spec = rayjob["spec"]
+    assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert "clusterSelector" not in spec
+    assert not spec["rayClusterSpec"].get("enableInTreeAutoscaling", False)
+    assert len(spec["rayClusterSpec"]["workerGroupSpecs"]) <= 6
+    for group in spec["rayClusterSpec"]["workerGroupSpecs"]:
+        assert group["replicas"] == group["minReplicas"] == group["maxReplicas"]  # a fixed size Kueue can admit

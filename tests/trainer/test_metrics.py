@@ -5,7 +5,15 @@ import urllib.request
 
 import pytest
 
-from kuberl.trainer.metrics import MetricsLogger, PrometheusSink, Timer, prometheus_name, read_jsonl, summary_line
+from kuberl.trainer.metrics import (
+    MetricsLogger,
+    PrometheusSink,
+    Timer,
+    prometheus_name,
+    prometheus_series,
+    read_jsonl,
+    summary_line,
+)
 
 STEP = {
     "critic/score/mean": 0.25,
@@ -22,8 +30,31 @@ STEP = {
 
 def test_prometheus_names_replace_every_separator():
     assert prometheus_name("actor/pg_loss") == "kuberl_actor_pg_loss"
-    assert prometheus_name("val-core/openai/gsm8k/reward/mean@4") == "kuberl_val_core_openai_gsm8k_reward_mean_4"
-    assert prometheus_name("timing_s/update_actor") == "kuberl_timing_s_update_actor"
+    assert prometheus_name("response_length/clip_ratio") == "kuberl_response_length_clip_ratio"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "series"),
+    [
+        ("timing_s/update_actor", 2.5, ("kuberl_timing_update_actor_seconds", {}, 2.5)),
+        ("perf/time_per_step", 79.0, ("kuberl_perf_time_per_step_seconds", {}, 79.0)),
+        ("perf/max_memory_allocated_gb", 1.5, ("kuberl_perf_max_memory_allocated_bytes", {}, 1.5 * 2**30)),
+        ("gpu/3/utilization", 87.0, ("kuberl_gpu_utilization_ratio", {"gpu": "3"}, 0.87)),
+        ("gpu/3/memory_used_gb", 2.0, ("kuberl_gpu_memory_used_bytes", {"gpu": "3"}, 2.0 * 2**30)),
+        ("perf/mfu/actor", 0.31, ("kuberl_perf_mfu_actor_ratio", {}, 0.31)),
+        ("perf/throughput", 2547.0, ("kuberl_perf_throughput_tokens_per_second", {}, 2547.0)),
+        (
+            "val-core/openai/gsm8k/reward/mean@4",
+            0.5,
+            ("kuberl_val_core_reward_mean", {"data_source": "openai/gsm8k", "n": "4"}, 0.5),
+        ),
+        ("actor/pg_loss", -0.01, ("kuberl_actor_pg_loss", {}, -0.01)),
+    ],
+)
+def test_prometheus_series_are_in_base_units_with_what_varies_as_labels(key, value, series):
+    name, labels, converted = prometheus_series(key, value)
+    assert (name, labels) == series[:2]
+    assert converted == pytest.approx(series[2])
 
 
 def test_jsonl_sink_writes_one_line_per_step(tmp_path):
@@ -52,8 +83,10 @@ def test_prometheus_text_has_kuberl_series_labelled_with_the_rljob():
     assert 'kuberl_critic_score_mean{namespace="team-a",rljob="tiny-cpu"} 0.25' in text
     assert 'kuberl_step{namespace="team-a",rljob="tiny-cpu"} 7.0' in text
     assert 'kuberl_total_steps{namespace="team-a",rljob="tiny-cpu"} 30.0' in text
-    assert 'kuberl_gpu_utilization{gpu="0",namespace="team-a",rljob="tiny-cpu"} 87.0' in text
-    assert "kuberl_val_core_kuberl_digits_reward_mean_1" in text
+    assert 'kuberl_gpu_utilization_ratio{gpu="0",namespace="team-a",rljob="tiny-cpu"} 0.87' in text
+    assert (
+        'kuberl_val_core_reward_mean{data_source="kuberl/digits",n="1",namespace="team-a",rljob="tiny-cpu"} 0.5' in text
+    )
 
 
 def test_prometheus_endpoint_serves_the_series(tmp_path):
@@ -140,3 +173,34 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def test_gpu_sampler_averages_the_readings_of_a_step_and_restarts_at_each_take():
+    """Readings alternate busy (100) and idle (0) as a step does: the step's figure is their mean, not the last one."""
+    import itertools
+    import time
+
+    from kuberl.trainer.metrics import GPUSampler
+
+    readings = itertools.cycle([100.0, 0.0])
+    sampler = GPUSampler(lambda: next(readings), interval=0.01)
+    try:
+        time.sleep(0.3)
+        mean = sampler.take()
+        assert mean is not None and 30 < mean < 70
+        sampler.close()
+        sampler.take()
+        assert sampler.take() is None  # nothing read since the last take
+    finally:
+        sampler.close()
+
+
+def test_gpu_sampler_stops_when_the_reading_fails():
+    from kuberl.trainer.metrics import GPUSampler
+
+    def broken() -> float:
+        raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+
+    sampler = GPUSampler(broken, interval=0.01)
+    sampler._thread.join(timeout=5)
+    assert not sampler._thread.is_alive() and sampler.take() is None

@@ -160,6 +160,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Cluster", "type": "string", "jsonPath": '.status.conditions[?(@.type=="ClusterReady")].reason'},
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
     {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean"},
+    {"name": "Progress", "type": "integer", "jsonPath": ".status.progress.percentComplete"},
+    {"name": "ETA", "type": "string", "jsonPath": ".status.progress.estimatedRemainingTimeSummary"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Total", "type": "integer", "jsonPath": ".status.progress.totalSteps", "priority": 1},
     {"name": "Algorithm", "type": "string", "jsonPath": ".spec.algorithm.advantageEstimator", "priority": 1},

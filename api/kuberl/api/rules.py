@@ -366,6 +366,72 @@ RULES: tuple[Rule, ...] = (
         f".sum()}} characters, more than {MAX_LITERAL_ENV_BYTES}; put large values in a ConfigMap (valueFrom)",
         verl="ours",
     ),
+    # --- pod settings and Kueue (issue 20) ---
+    Rule(
+        id="head-pod-labels-not-reserved",
+        field="cluster.head.pod.labels",
+        rule="self.cluster.head.pod.labels.all(k, !k.startsWith('kuberl.io/') && !k.startsWith('ray.io/'))",
+        message="cluster.head.pod.labels sets a kuberl.io/ or ray.io/ label; those are the operator's and KubeRay's "
+        "(kuberl.io/rljob, kuberl.io/pool, ray.io/cluster, ...): choose another key",
+        verl="ours",
+    ),
+    Rule(
+        id="head-extra-resources-are-extended",
+        field="cluster.head.pod.extraResources",
+        rule="self.cluster.head.pod.extraResources.all(k, k.contains('/') && k != 'nvidia.com/gpu')",
+        message="cluster.head.pod.extraResources takes extended resources (domain/name, e.g. rdma/ib or "
+        "vpc.amazonaws.com/efa); cpu and memory come from cluster.head.cpu/memory, GPUs from gpusPerNode",
+        verl="ours",
+    ),
+    Rule(
+        id="trainer-pod-labels-not-reserved",
+        field="cluster.trainer.pod.labels",
+        rule="self.cluster.trainer.pod.labels.all(k, !k.startsWith('kuberl.io/') && !k.startsWith('ray.io/'))",
+        message="cluster.trainer.pod.labels sets a kuberl.io/ or ray.io/ label; those are the operator's and KubeRay's "
+        "(kuberl.io/rljob, kuberl.io/pool, ray.io/cluster, ...): choose another key",
+        verl="ours",
+    ),
+    Rule(
+        id="trainer-extra-resources-are-extended",
+        field="cluster.trainer.pod.extraResources",
+        rule="self.cluster.trainer.pod.extraResources.all(k, k.contains('/') && k != 'nvidia.com/gpu')",
+        message="cluster.trainer.pod.extraResources takes extended resources (domain/name, e.g. rdma/ib or "
+        "vpc.amazonaws.com/efa); cpu and memory come from cluster.trainer.cpu/memory, GPUs from gpusPerNode",
+        verl="ours",
+    ),
+    Rule(
+        id="rollout-pod-labels-not-reserved",
+        field="cluster.rollout.pod.labels",
+        rule="!has(self.cluster.rollout) || self.cluster.rollout.pod.labels.all(k, !k.startsWith('kuberl.io/') && !k.startsWith('ray.io/'))",
+        message="cluster.rollout.pod.labels sets a kuberl.io/ or ray.io/ label; those are the operator's and KubeRay's "
+        "(kuberl.io/rljob, kuberl.io/pool, ray.io/cluster, ...): choose another key",
+        verl="ours",
+    ),
+    Rule(
+        id="rollout-extra-resources-are-extended",
+        field="cluster.rollout.pod.extraResources",
+        rule="!has(self.cluster.rollout) || self.cluster.rollout.pod.extraResources.all(k, k.contains('/') && k != 'nvidia.com/gpu')",
+        message="cluster.rollout.pod.extraResources takes extended resources (domain/name, e.g. rdma/ib or "
+        "vpc.amazonaws.com/efa); cpu and memory come from cluster.rollout.cpu/memory, GPUs from gpusPerNode",
+        verl="ours",
+    ),
+    Rule(
+        id="ib-hca-needs-ib",
+        field="cluster.network.ibHca",
+        rule="!has(self.cluster.network.ibHca) || !self.cluster.network.disableIB",
+        message="cluster.network.ibHca names InfiniBand devices but cluster.network.disableIB is true; "
+        "remove one of them",
+        verl="ours",
+    ),
+    Rule(
+        id="multikueue-needs-queue",
+        field="cluster.managedBy",
+        rule="!has(self.cluster.managedBy) || self.cluster.managedBy != 'kueue.x-k8s.io/multikueue'"
+        " || has(self.cluster.queueName)",
+        message="cluster.managedBy kueue.x-k8s.io/multikueue needs cluster.queueName: MultiKueue dispatches only "
+        "RayJobs admitted through a LocalQueue",
+        verl="ours",
+    ),
     Rule(
         id="name-fits-kuberay",
         field="metadata.name",

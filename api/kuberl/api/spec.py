@@ -420,6 +420,65 @@ class VolumeMount(SpecModel):
     sub_path: Annotated[str, Field(max_length=1024)] | None = Field(None, description="Sub-path of the volume.")
 
 
+# --- pod settings of a pool or the head (issue 20) ---------------------------------
+
+
+class PodSettings(SpecModel):
+    """What a platform sets on pods beyond resources: identity, scheduling and devices. One per pool and the head."""
+
+    labels: LabelMap = Field(
+        default_factory=dict,
+        description="Extra pod labels (kuberl.io/* and ray.io/* are the operator's and KubeRay's).",
+    )
+    annotations: Annotated[dict[str, Annotated[str, Field(max_length=4096)]], Field(max_length=32)] = Field(
+        default_factory=dict, description="Extra pod annotations (e.g. a CNI's secondary network for RDMA)."
+    )
+    image_pull_secrets: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
+        default_factory=list, max_length=8, description="Names of Secrets in the RLJob's namespace to pull the image."
+    )
+    env_from: list[FreeForm] = Field(
+        default_factory=list, max_length=16, description="Kubernetes EnvFromSources (configMapRef, secretRef)."
+    )
+    extra_resources: Annotated[dict[str, Quantity], Field(max_length=8)] = Field(
+        default_factory=dict,
+        description="Extended resources requested and limited per pod, e.g. rdma/hca_shared_devices_a: 1 or "
+        "vpc.amazonaws.com/efa: 4 (cpu, memory and GPUs come from their own fields).",
+    )
+    scheduler_name: Annotated[str, Field(max_length=253)] | None = Field(
+        None, description="Scheduler of the pods (volcano, kai-scheduler, a coscheduling plugin for gang scheduling)."
+    )
+    runtime_class_name: Annotated[str, Field(max_length=253)] | None = Field(
+        None, description="RuntimeClass of the pods (e.g. nvidia where the NVIDIA runtime is not the default)."
+    )
+    priority_class_name: Annotated[str, Field(max_length=253)] | None = Field(
+        None, description="PriorityClass of these pods; overrides cluster.priorityClassName."
+    )
+
+
+InterfaceName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[\^=]?[A-Za-z0-9_.,:\-]+$")]
+
+
+class Network(SpecModel):
+    """How the ranks of a multi-node job talk; each field names the failure it prevents."""
+
+    socket_interface: InterfaceName | None = Field(
+        None,
+        description="NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME, e.g. eth0 or ^lo,docker: on nodes with several "
+        "interfaces NCCL may bootstrap over one the other node cannot reach and hang at the first collective.",
+    )
+    ib_hca: InterfaceName | None = Field(
+        None,
+        description="NCCL_IB_HCA, e.g. mlx5_0,mlx5_1: keeps NCCL on the RDMA devices the pod was given "
+        "(pod.extraResources) instead of probing ones it cannot open.",
+    )
+    disable_ib: bool = Field(
+        False,
+        alias="disableIB",
+        description="NCCL_IB_DISABLE=1: TCP sockets only, for nodes whose InfiniBand/RoCE is not exposed to pods "
+        "(NCCL otherwise fails with 'no IB device found' or falls back silently per rank).",
+    )
+
+
 class NodePool(SpecModel):
     nodes: int = Field(1, ge=1, le=1024, description="Pods (one per node) in this pool.")
     gpus_per_node: int = Field(
@@ -435,6 +494,7 @@ class NodePool(SpecModel):
         default_factory=list, max_length=32, description="Tolerations for the pool's taints."
     )
     affinity: FreeForm | None = Field(None, description="A Kubernetes Affinity, passed through to the pods.")
+    pod: PodSettings = Field(default_factory=PodSettings, description="Labels, pull secrets, devices, scheduler.")
 
 
 class HeadNode(SpecModel):
@@ -446,6 +506,8 @@ class HeadNode(SpecModel):
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=32, description="Tolerations of the head pod."
     )
+    affinity: FreeForm | None = Field(None, description="A Kubernetes Affinity of the head pod.")
+    pod: PodSettings = Field(default_factory=PodSettings, description="Labels, pull secrets, devices, scheduler.")
 
 
 class Cluster(SpecModel):
@@ -483,6 +545,14 @@ class Cluster(SpecModel):
     )
     priority_class_name: Annotated[str, Field(max_length=253)] | None = Field(
         None, description="PriorityClass of the Ray pods."
+    )
+    network: Network = Field(
+        default_factory=Network, description="NCCL/Gloo interfaces and InfiniBand for multi-node jobs."
+    )
+    managed_by: Literal["ray.io/kuberay-operator", "kueue.x-k8s.io/multikueue"] | None = Field(
+        None,
+        description="The RayJob's spec.managedBy: kueue.x-k8s.io/multikueue lets MultiKueue run it on a worker "
+        "cluster (needs queueName); unset: KubeRay runs it here.",
     )
 
 

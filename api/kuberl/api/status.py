@@ -76,6 +76,14 @@ class Progress(StatusModel):
     updated_at: Annotated[str, Field(max_length=64)] | None = Field(
         None, description="When the trainer last reported (RFC 3339).", json_schema_extra={"format": "date-time"}
     )
+    # progress as Kubeflow's TrainJob reports it (issue 20)
+    percent_complete: int | None = Field(None, ge=0, le=100, description="step / totalSteps, in percent.")
+    estimated_remaining_seconds: int | None = Field(
+        None, ge=0, description="Seconds to totalSteps at the mean step time since this attempt started."
+    )
+    estimated_remaining_time_summary: Annotated[str, Field(max_length=32)] | None = Field(
+        None, description="estimatedRemainingSeconds for people: 2h05m, 4m10s, 35s."
+    )
 
 
 class RLJobStatus(StatusModel):

@@ -23,7 +23,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 DS = {"type": "prometheus", "uid": "${datasource}"}
-JOB = 'namespace="$namespace", rljob=~"$rljob"'
+JOB = 'namespace=~"$namespace", rljob=~"$rljob"'
+# the trainer's timing_s/* phases that are training work (everything of a step but generation and weight sync)
+TRAINING_PHASES = "old_log_prob|ref|values|adv|update_actor|update_critic"
 
 # ---- PromQL building blocks -------------------------------------------------------------------------------------
 
@@ -285,16 +287,16 @@ def dashboard(
 
 def job_variables(source: str) -> list[dict[str, Any]]:
     return [
-        variable("namespace", "Namespace", f"label_values({source}, namespace)"),
-        variable("rljob", "RLJob", f'label_values({source}{{namespace="$namespace"}}, rljob)', multi=True),
+        variable("namespace", "Namespace", f"label_values({source}, namespace)", multi=True),
+        variable("rljob", "RLJob", f'label_values({source}{{namespace=~"$namespace"}}, rljob)', multi=True),
     ]
 
 
 # ---- the dashboards -----------------------------------------------------------------------------------------------
 
-# the trainer's per-GPU NVML gauges: gpu/<rank>/utilization (percent) and gpu/<rank>/memory_used_gb (GiB)
-GPU_UTIL_NVML = kuberl("kuberl_gpu_utilization")
-GPU_MEM_NVML = f"{kuberl('kuberl_gpu_memory_used_gb')} * 1073741824"
+# the trainer's per-GPU NVML gauges: utilization as a ratio (DCGM's is percent) and memory in bytes
+GPU_UTIL_NVML = f"{kuberl('kuberl_gpu_utilization_ratio')} * 100"
+GPU_MEM_NVML = kuberl("kuberl_gpu_memory_used_bytes")
 GPU_UTIL_RAY = ray_gpu("ray_node_gpus_utilization")
 
 
@@ -399,9 +401,18 @@ def gpu_dashboard() -> dict[str, Any]:
             "Tensor core and memory-bandwidth activity",
             "Per GPU (DCGM profiling metrics): tensor pipes busy, graphics engine busy, DRAM bandwidth busy.",
             targets(
-                (f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_PIPE_TENSOR_ACTIVE')})", "tensor {{pod}} gpu {{gpu}}"),
-                (f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_GR_ENGINE_ACTIVE')})", "engine {{pod}} gpu {{gpu}}"),
-                (f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_DRAM_ACTIVE')})", "dram {{pod}} gpu {{gpu}}"),
+                (
+                    f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_PIPE_TENSOR_ACTIVE')})",
+                    "tensor {{rljob}} {{pod}} gpu {{gpu}}",
+                ),
+                (
+                    f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_GR_ENGINE_ACTIVE')})",
+                    "engine {{rljob}} {{pod}} gpu {{gpu}}",
+                ),
+                (
+                    f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_DRAM_ACTIVE')})",
+                    "dram {{rljob}} {{pod}} gpu {{gpu}}",
+                ),
             ),
             "percentunit",
             min_=0,
@@ -491,8 +502,14 @@ def gpu_dashboard() -> dict[str, Any]:
             "Per GPU bytes per second over NVLink (DCGM profiling): FSDP collectives "
             "and the weight sync to the rollout engines.",
             targets(
-                (f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_NVLINK_TX_BYTES')})", "tx {{pod}} gpu {{gpu}}"),
-                (f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_NVLINK_RX_BYTES')})", "rx {{pod}} gpu {{gpu}}"),
+                (
+                    f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_NVLINK_TX_BYTES')})",
+                    "tx {{rljob}} {{pod}} gpu {{gpu}}",
+                ),
+                (
+                    f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_PROF_NVLINK_RX_BYTES')})",
+                    "rx {{rljob}} {{pod}} gpu {{gpu}}",
+                ),
             ),
             "Bps",
             min_=0,
@@ -508,10 +525,10 @@ def gpu_dashboard() -> dict[str, Any]:
             "means a longer batch may OOM (lower ppoMicroBatchSizePerGPU or enable offload).",
             targets(
                 (
-                    f"max by (rljob) ({kuberl('kuberl_perf_max_memory_allocated_gb')}) * 1073741824",
+                    f"max by (rljob) ({kuberl('kuberl_perf_max_memory_allocated_bytes')})",
                     "allocated {{rljob}}",
                 ),
-                (f"max by (rljob) ({kuberl('kuberl_perf_max_memory_reserved_gb')}) * 1073741824", "reserved {{rljob}}"),
+                (f"max by (rljob) ({kuberl('kuberl_perf_max_memory_reserved_bytes')})", "reserved {{rljob}}"),
             ),
             "bytes",
             min_=0,
@@ -524,7 +541,7 @@ def gpu_dashboard() -> dict[str, Any]:
             "XID errors",
             "The last XID error code per GPU (DCGM_FI_DEV_XID_ERRORS); non-zero means the "
             "driver reported a fault (e.g. 79: GPU fell off the bus, 48: double-bit ECC).",
-            targets((f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_DEV_XID_ERRORS')})", "{{pod}} gpu {{gpu}}")),
+            targets((f"max by (rljob, pod, gpu) ({dcgm('DCGM_FI_DEV_XID_ERRORS')})", "{{rljob}} {{pod}} gpu {{gpu}}")),
             "none",
             min_=0,
             decimals=0,
@@ -584,7 +601,7 @@ def training_dashboard() -> dict[str, Any]:
         stat(
             "Tokens/s per GPU",
             "Prompt + response tokens processed per second per GPU (perf/throughput).",
-            targets((f"max by (rljob) ({kuberl('kuberl_perf_throughput')})", "{{rljob}}")),
+            targets((f"max by (rljob) ({kuberl('kuberl_perf_throughput_tokens_per_second')})", "{{rljob}}")),
             decimals=0,
         ),
         4,
@@ -594,7 +611,7 @@ def training_dashboard() -> dict[str, Any]:
         stat(
             "MFU (actor)",
             "Model FLOPs utilization of the actor update (perf/mfu/actor).",
-            targets((f"max by (rljob) ({kuberl('kuberl_perf_mfu_actor')})", "{{rljob}}")),
+            targets((f"max by (rljob) ({kuberl('kuberl_perf_mfu_actor_ratio')})", "{{rljob}}")),
             "percentunit",
             decimals=1,
         ),
@@ -605,7 +622,7 @@ def training_dashboard() -> dict[str, Any]:
         stat(
             "Step time",
             "Wall time of the last step (timing_s/step).",
-            targets((f"max by (rljob) ({kuberl('kuberl_timing_s_step')})", "{{rljob}}")),
+            targets((f"max by (rljob) ({kuberl('kuberl_timing_step_seconds')})", "{{rljob}}")),
             "s",
             decimals=1,
         ),
@@ -700,10 +717,27 @@ def training_dashboard() -> dict[str, Any]:
         8,
     )
 
+    lay.add(
+        timeseries(
+            "Validation score",
+            "Mean validation reward per data source (val-core/<data_source>/reward/mean@n), every trainer.testFreq "
+            "steps: kuberl_val_core_reward_mean{data_source, n}.",
+            targets(
+                (
+                    f"max by (rljob, data_source, n) ({kuberl('kuberl_val_core_reward_mean')})",
+                    "{{rljob}} {{data_source}} mean@{{n}}",
+                )
+            ),
+            decimals=3,
+        ),
+        12,
+        8,
+    )
+
     lay.row("Time and throughput")
     phases = (
-        f'max by (rljob, phase) (label_replace({{__name__=~"kuberl_timing_s_.+", '
-        f'__name__!="kuberl_timing_s_step", {JOB}}}, "phase", "$1", "__name__", "kuberl_timing_s_(.+)"))'
+        f'max by (rljob, phase) (label_replace({{__name__=~"kuberl_timing_.+_seconds", '
+        f'__name__!="kuberl_timing_step_seconds", {JOB}}}, "phase", "$1", "__name__", "kuberl_timing_(.+)_seconds"))'
     )
     lay.add(
         timeseries(
@@ -711,7 +745,7 @@ def training_dashboard() -> dict[str, Any]:
             "Seconds per phase of the last step (timing_s/*): gen (rollout), "
             "reward, old_log_prob, ref, values, adv, update_critic, update_actor, weight sync, testing, "
             "save_checkpoint. Stacked, they add up to about the step time (the line).",
-            targets((phases, "{{phase}}"), (kuberl("kuberl_timing_s_step"), "step {{rljob}}")),
+            targets((phases, "{{rljob}} {{phase}}"), (kuberl("kuberl_timing_step_seconds"), "step {{rljob}}")),
             "s",
             stack=True,
             min_=0,
@@ -726,8 +760,8 @@ def training_dashboard() -> dict[str, Any]:
             "(more rollout GPUs, larger maxNumSeqs), update-bound below.",
             targets(
                 (
-                    f"max by (rljob) ({kuberl('kuberl_timing_s_gen')}) / "
-                    f"max by (rljob) ({kuberl('kuberl_timing_s_step')})",
+                    f"max by (rljob) ({kuberl('kuberl_timing_gen_seconds')}) / "
+                    f"max by (rljob) ({kuberl('kuberl_timing_step_seconds')})",
                     "{{rljob}}",
                 )
             ),
@@ -740,9 +774,30 @@ def training_dashboard() -> dict[str, Any]:
     )
     lay.add(
         timeseries(
+            "Rollout vs training time",
+            "Seconds of the last step spent generating (timing_s/gen), computing log-probs, values, advantages "
+            "and updates (old_log_prob, ref, values, adv, update_actor, update_critic), and syncing weights to "
+            "the rollout (update_weights).",
+            targets(
+                (f"max by (rljob) ({kuberl('kuberl_timing_gen_seconds')})", "rollout {{rljob}}"),
+                (
+                    f'sum by (rljob) ({{__name__=~"kuberl_timing_({TRAINING_PHASES})_seconds", {JOB}}})',
+                    "training {{rljob}}",
+                ),
+                (f"max by (rljob) ({kuberl('kuberl_timing_update_weights_seconds')})", "weight sync {{rljob}}"),
+            ),
+            "s",
+            stack=True,
+            min_=0,
+        ),
+        12,
+        9,
+    )
+    lay.add(
+        timeseries(
             "Throughput",
             "Tokens per second per GPU (perf/throughput).",
-            targets((kuberl("kuberl_perf_throughput"), "{{rljob}}")),
+            targets((kuberl("kuberl_perf_throughput_tokens_per_second"), "{{rljob}}")),
             "short",
             min_=0,
         ),
@@ -753,7 +808,7 @@ def training_dashboard() -> dict[str, Any]:
         timeseries(
             "MFU (actor)",
             "Model FLOPs utilization of the actor update (perf/mfu/actor).",
-            targets((kuberl("kuberl_perf_mfu_actor"), "{{rljob}}")),
+            targets((kuberl("kuberl_perf_mfu_actor_ratio"), "{{rljob}}")),
             "percentunit",
             min_=0,
         ),

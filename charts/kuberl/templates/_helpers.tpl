@@ -52,8 +52,22 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
+{{/* repository@digest when a digest is given (also a digest passed as the tag), else repository:tag. */}}
 {{- define "kuberl.operatorImage" -}}
-{{- printf "%s:%s" .Values.operator.image.repository (default .Chart.AppVersion .Values.operator.image.tag) }}
+{{- $image := .Values.operator.image }}
+{{- $tag := default .Chart.AppVersion $image.tag | toString }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else if hasPrefix "sha256:" $tag }}
+{{- printf "%s@%s" $image.repository $tag }}
+{{- else }}
+{{- printf "%s:%s" $image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* Namespace of a monitoring object: its own value, else the release namespace. */}}
+{{- define "kuberl.monitoringNamespace" -}}
+{{- default .root.Release.Namespace .namespace }}
 {{- end }}
 
 {{/* true when the operator watches every namespace (watchNamespaces empty). */}}

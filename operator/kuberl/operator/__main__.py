@@ -1,8 +1,10 @@
-"""`python -m kuberl.operator [--namespace NS ... | --all-namespaces] [--metrics-port 8080] [--health-port 8081]`
+"""`python -m kuberl.operator [--namespace NS ... | --all-namespaces] [--leader-elect] [--metrics-port 8080] [--health-port 8081]`
 
-Runs kopf standalone: no peering, no leader election, so exactly ONE replica may run per watched namespace set
-(a Deployment with `replicas: 1` and `strategy: Recreate`). Liveness on `http://0.0.0.0:<health-port>/healthz`,
-Prometheus metrics on `http://0.0.0.0:<metrics-port>/metrics`.
+Without `--leader-elect`, exactly ONE replica may run per watched namespace set (a Deployment with `replicas: 1`
+and `strategy: Recreate`). With it, any number may run: each waits for the Lease `--lease-name` in its own
+namespace (`$POD_NAMESPACE`) and only the holder runs kopf (leader.py). Liveness on
+`http://0.0.0.0:<health-port>/healthz` (a waiting standby answers too), Prometheus metrics on
+`http://0.0.0.0:<metrics-port>/metrics` (`kuberl_operator_leader` is 1 on the replica that reconciles).
 """
 
 from __future__ import annotations
@@ -10,11 +12,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
+import threading
 
 import kopf
+from kubernetes import client
 
 from kuberl.operator import metrics
+from kuberl.operator.leader import LeaderElector, LeaseConfig, StandbyHealth
 from kuberl.operator.settings import OperatorConfig
 from kuberl.operator.trust import RAY_UID, TRAINER_SERVICE_ACCOUNT, Policy
 
@@ -79,6 +85,20 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
     security.add_argument(
         "--monitoring-namespace", default=None, help="namespace allowed to scrape the Ray pods' metrics ports"
     )
+    election = parser.add_argument_group("leader election (several replicas)")
+    election.add_argument("--leader-elect", action="store_true", help="reconcile only while holding the Lease")
+    election.add_argument("--lease-name", default="kuberl-leader", help="name of the Lease")
+    election.add_argument(
+        "--lease-namespace", default=os.environ.get("POD_NAMESPACE", ""), help="namespace of the Lease ($POD_NAMESPACE)"
+    )
+    election.add_argument(
+        "--identity",
+        default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+        help="this replica's name in the Lease ($POD_NAME, else host-pid)",
+    )
+    election.add_argument("--lease-duration", type=float, default=15.0, help="seconds a lease holds unrenewed")
+    election.add_argument("--renew-deadline", type=float, default=10.0, help="seconds the leader may fail to renew")
+    election.add_argument("--retry-period", type=float, default=2.0, help="seconds between acquire/renew attempts")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     namespaces = [n for ns in args.namespace for n in ns.split(",") if n]
@@ -86,6 +106,21 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         namespaces = [n for n in os.environ.get("KUBERL_NAMESPACES", "").split(",") if n]
     if not namespaces and not args.all_namespaces:
         parser.error("give --namespace NS (repeatable) or --all-namespaces")
+    lease = None
+    if args.leader_elect:
+        if not args.lease_namespace:
+            parser.error("--leader-elect needs --lease-namespace (or $POD_NAMESPACE)")
+        try:
+            lease = LeaseConfig(
+                name=args.lease_name,
+                namespace=args.lease_namespace,
+                identity=args.identity,
+                lease_duration=args.lease_duration,
+                renew_deadline=args.renew_deadline,
+                retry_period=args.retry_period,
+            )
+        except ValueError as exc:
+            parser.error(str(exc))
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -106,6 +141,7 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
             kuberay_namespace=args.kuberay_namespace,
             monitoring_namespace=args.monitoring_namespace,
         ),
+        lease=lease,
     )
 
 
@@ -115,6 +151,19 @@ def main(argv: list[str] | None = None) -> int:
 
     if cfg.metrics_port:
         metrics.serve(cfg.metrics_port)
+    elector = None
+    if cfg.lease is not None:
+        from kuberl.operator.handlers import kube_client
+
+        elector = LeaderElector(client.CoordinationV1Api(kube_client(1)), cfg.lease)
+        standby = StandbyHealth(cfg.health_port)
+        try:
+            elector.acquire()
+        finally:
+            standby.close()
+        # a leader that cannot renew stops at once: a standby may take the Lease after lease_duration
+        elector.keep_renewing(on_lost=lambda: os._exit(1), stop=threading.Event())
+    metrics.LEADER.set(1)
     liveness = f"http://0.0.0.0:{cfg.health_port}/healthz" if cfg.health_port else None
     kopf.run(
         standalone=True,
@@ -123,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         liveness_endpoint=liveness,
         memo=kopf.Memo(config=cfg),
     )
+    if elector is not None:
+        elector.release()
     return 0
 
 

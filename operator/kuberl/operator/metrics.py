@@ -8,6 +8,7 @@
 - `kuberl_operator_restarts_total`: RayJob retries (new Ray clusters after a failure) observed by this process.
 - `kuberl_operator_kuberay_supported`: 1 when the installed KubeRay is one kuberl supports (>= 1.5), else 0: the
   operator then reconciles nothing (kuberay_support.py).
+- `kuberl_operator_leader`: 1 on the replica that reconciles (the Lease holder, or the only replica), 0 on a standby.
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ RESTARTS = Counter(
 KUBERAY_SUPPORTED = Gauge(
     "kuberl_operator_kuberay_supported",
     "1 when the installed KubeRay keeps the RayJob fields kuberl writes (KubeRay >= 1.5), 0 when it refuses to run.",
+    registry=REGISTRY,
+)
+LEADER = Gauge(
+    "kuberl_operator_leader",
+    "1 on the operator replica that reconciles (holds the leader Lease), 0 on a standby.",
     registry=REGISTRY,
 )
 

@@ -34,7 +34,7 @@ from kuberl.api.contract import (
     entrypoint,
     token_secret_name,
 )
-from kuberl.api.spec import HeadNode, NodePool, RLJobSpec, Toleration
+from kuberl.api.spec import HeadNode, NodePool, PodSettings, RLJobSpec, Toleration
 from kuberl.api.validation import spec_to_wire
 from kuberl.operator.trust import Policy
 
@@ -147,6 +147,8 @@ def render_rayjob(name: str, namespace: str, uid: str, spec: RLJobSpec, trust: P
     }
     if policy.active_deadline_seconds is not None:
         rayjob_spec["activeDeadlineSeconds"] = policy.active_deadline_seconds
+    if cluster.managed_by is not None:
+        rayjob_spec["managedBy"] = cluster.managed_by
     rayjob_spec["submitterPodTemplate"] = _submitter(name, spec)
     for template in pod_templates(rayjob_spec):
         secure_pod(template["spec"], name, spec, trust)
@@ -188,12 +190,26 @@ def _tolerations(tolerations: list[Toleration]) -> list[dict[str, Any]]:
 
 
 def _env(spec: RLJobSpec, extra: tuple[tuple[str, str], ...] = ()) -> list[dict[str, Any]]:
-    """NCCL_ENV, then `extra` (the contract's variables for this pod), then the user's cluster.env."""
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in (*NCCL_ENV, *extra)]
+    """NCCL_ENV, then `extra` (the contract's variables for this pod), cluster.network's variables, then the user's
+    cluster.env."""
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in (*NCCL_ENV, *extra, *_network_env(spec))]
     # The user's variables win: a user may override any of ours (e.g. NCCL_DEBUG=INFO when debugging).
     user = [e.model_dump(mode="json", by_alias=True, exclude_none=True) for e in spec.cluster.env]
     overridden = {u["name"] for u in user}
     return [e for e in env if e["name"] not in overridden] + user
+
+
+def _network_env(spec: RLJobSpec) -> list[tuple[str, str]]:
+    """cluster.network as NCCL's and Gloo's variables (docs/api.md says what each prevents)."""
+    network = spec.cluster.network
+    env: list[tuple[str, str]] = []
+    if network.socket_interface:
+        env += [("NCCL_SOCKET_IFNAME", network.socket_interface), ("GLOO_SOCKET_IFNAME", network.socket_interface)]
+    if network.ib_hca:
+        env.append(("NCCL_IB_HCA", network.ib_hca))
+    if network.disable_ib:
+        env.append(("NCCL_IB_DISABLE", "1"))
+    return env
 
 
 def _volumes(name: str, shm_size: str) -> list[dict[str, Any]]:
@@ -222,6 +238,20 @@ def _mounts(spec: RLJobSpec) -> list[dict[str, Any]]:
     return mounts
 
 
+def _pod_metadata(labels: dict[str, str], settings: PodSettings) -> dict[str, Any]:
+    """The user's labels and annotations, then ours (the rules table refuses kuberl.io/ and ray.io/ keys)."""
+    metadata: dict[str, Any] = {"labels": {**settings.labels, **labels}}
+    if settings.annotations:
+        metadata["annotations"] = dict(settings.annotations)
+    return metadata
+
+
+def _resources(cpu: str, memory: str, settings: PodSettings, limits_only: dict[str, Any]) -> dict[str, Any]:
+    """Requests = limits for cpu, memory and extended resources (Kubernetes requires it for the latter)."""
+    requests: dict[str, Any] = {"cpu": cpu, "memory": memory, **settings.extra_resources}
+    return {"requests": requests, "limits": {**requests, **limits_only}}
+
+
 def _pod_spec(
     containers: list[dict[str, Any]],
     volumes: list[dict[str, Any]],
@@ -229,10 +259,21 @@ def _pod_spec(
     node_selector: dict[str, str],
     tolerations: list[Toleration],
     affinity: dict[str, Any] | None,
+    settings: PodSettings,
 ) -> dict[str, Any]:
+    if settings.env_from:
+        for container in containers:
+            container["envFrom"] = [dict(source) for source in settings.env_from]
     pod: dict[str, Any] = {"containers": containers, "volumes": volumes}
-    if spec.cluster.priority_class_name:
-        pod["priorityClassName"] = spec.cluster.priority_class_name
+    if settings.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": n} for n in settings.image_pull_secrets]
+    priority_class = settings.priority_class_name or spec.cluster.priority_class_name
+    if priority_class:
+        pod["priorityClassName"] = priority_class
+    if settings.scheduler_name:
+        pod["schedulerName"] = settings.scheduler_name
+    if settings.runtime_class_name:
+        pod["runtimeClassName"] = settings.runtime_class_name
     if node_selector:
         pod["nodeSelector"] = dict(node_selector)
     if tolerations:
@@ -257,10 +298,7 @@ def _head_group(name: str, namespace: str, spec: RLJobSpec) -> dict[str, Any]:
         "imagePullPolicy": spec.cluster.image_pull_policy,
         # the trainer's driver runs here and patches rljobs/status.progress (service account RBAC: docs/operator.md)
         "env": _env(spec, extra=((ENV_REPORT_STATUS, "1"), (ENV_RLJOB_NAMESPACE, namespace))),
-        "resources": {
-            "requests": {"cpu": head.cpu, "memory": head.memory},
-            "limits": {"cpu": head.cpu, "memory": head.memory},
-        },
+        "resources": _resources(head.cpu, head.memory, head.pod, {}),
         "ports": _ports(ports),
         "volumeMounts": _mounts(spec),
     }
@@ -268,29 +306,28 @@ def _head_group(name: str, namespace: str, spec: RLJobSpec) -> dict[str, Any]:
         # num-cpus 0: Ray schedules no actors on the head; it runs the single controller (the job driver) only
         "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
         "template": {
-            "metadata": {"labels": {**common_labels(name, "ray-head"), POOL_LABEL: HEAD_POOL}},
+            "metadata": _pod_metadata({**common_labels(name, "ray-head"), POOL_LABEL: HEAD_POOL}, head.pod),
             "spec": _pod_spec(
                 [container],
                 _volumes(name, head.memory) + _user_volumes(spec),
                 spec,
                 head.node_selector,
                 head.tolerations,
-                None,
+                head.affinity,
+                head.pod,
             ),
         },
     }
 
 
 def _worker_group(group: str, pool: NodePool, name: str, spec: RLJobSpec) -> dict[str, Any]:
-    limits: dict[str, Any] = {"cpu": pool.cpu, "memory": pool.memory}
-    if spec.cluster.device == "cuda":
-        limits["nvidia.com/gpu"] = pool.gpus_per_node
+    gpus: dict[str, Any] = {"nvidia.com/gpu": pool.gpus_per_node} if spec.cluster.device == "cuda" else {}
     container = {
         "name": "ray-worker",
         "image": spec.cluster.image,
         "imagePullPolicy": spec.cluster.image_pull_policy,
         "env": _env(spec),
-        "resources": {"requests": {"cpu": pool.cpu, "memory": pool.memory}, "limits": limits},
+        "resources": _resources(pool.cpu, pool.memory, pool.pod, gpus),
         "ports": _ports(WORKER_PORTS),
         "volumeMounts": _mounts(spec),
     }
@@ -304,7 +341,7 @@ def _worker_group(group: str, pool: NodePool, name: str, spec: RLJobSpec) -> dic
         # Ray node labels: the trainer selects its pools by them (kuberl.trainer.rollout.layout)
         "labels": {POOL_LABEL: group},
         "template": {
-            "metadata": {"labels": {**common_labels(name, f"ray-{group}"), POOL_LABEL: group}},
+            "metadata": _pod_metadata({**common_labels(name, f"ray-{group}"), POOL_LABEL: group}, pool.pod),
             "spec": _pod_spec(
                 [container],
                 _volumes(name, pool.shared_memory) + _user_volumes(spec),
@@ -312,6 +349,7 @@ def _worker_group(group: str, pool: NodePool, name: str, spec: RLJobSpec) -> dic
                 pool.node_selector,
                 pool.tolerations,
                 pool.affinity,
+                pool.pod,
             ),
         },
     }

@@ -9,6 +9,7 @@ from typing import Any
 
 import kopf
 
+from kuberl.operator.leader import LeaseConfig
 from kuberl.operator.trust import Policy
 
 PREFIX = "kuberl.io"
@@ -26,6 +27,8 @@ class OperatorConfig:
     resync_seconds: float = 300.0
     diagnose_seconds: float = 3.0
     trust: Policy = dataclasses.field(default_factory=Policy)  # the chart's security.* values
+    # leader election (leader.py): None runs standalone, as the only replica
+    lease: LeaseConfig | None = None
 
 
 def configure(settings: kopf.OperatorSettings, *, max_workers: int = 16) -> None:
@@ -40,7 +43,7 @@ def configure(settings: kopf.OperatorSettings, *, max_workers: int = 16) -> None
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
     settings.persistence.diffbase_storage = BoundedDiffBaseStorage(prefix=PREFIX, key="last-handled-configuration")
     settings.persistence.finalizer = f"{PREFIX}/finalizer"  # unused: no handler needs one (GC via ownerReferences)
-    # Exactly one replica: no peering objects, no leader election (docs/operator.md).
+    # No kopf peering objects: with several replicas, a Lease (leader.py) decides which one runs kopf at all.
     settings.peering.standalone = True
     # Serve the namespaces given on the command line only; no list/watch of Namespaces and CRDs needed.
     settings.scanning.disabled = True

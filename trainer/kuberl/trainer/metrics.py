@@ -4,9 +4,20 @@ Names follow verl (``timing_s/gen``, ``perf/throughput``, ``actor/pg_loss``, ``c
 ``response_length/mean``, ``val-core/<data_source>/reward/mean@N``, …) so dashboards and habits carry over.
 
 Sinks: the console (one summary line per step), ``<run_dir>/metrics.jsonl`` (one JSON object per step),
-Prometheus (``kuberl_<name>`` gauges with ``/``, ``-``, ``@`` … turned into ``_``, labelled ``rljob`` and
-``namespace``, plus ``kuberl_step`` and ``kuberl_total_steps``; per-GPU series ``kuberl_gpu_<stat>{gpu="<rank>"}``),
-TensorBoard and W&B (offline mode) when ``trainer.loggers`` asks for them.
+Prometheus, TensorBoard and W&B (offline mode) when ``trainer.loggers`` asks for them.
+
+Prometheus names (`prometheus_series`) follow Prometheus's conventions: ``kuberl_<key>`` with every separator as
+``_``, in base units with the unit as suffix, and what varies as a label rather than in the name:
+
+- ``timing_s/<phase>`` → ``kuberl_timing_<phase>_seconds``; ``perf/time_per_step`` → ``..._seconds``;
+- ``*_gb`` (GiB) → ``*_bytes``; ``gpu/<rank>/utilization`` (NVML percent) → ``kuberl_gpu_utilization_ratio``;
+  ``perf/mfu/<role>`` → ``kuberl_perf_mfu_<role>_ratio``; ``perf/throughput`` → ``..._tokens_per_second``;
+- ``gpu/<rank>/<stat>`` → ``kuberl_gpu_<stat>{gpu="<rank>"}``;
+- ``val-core/<data_source>/<var>/<stat>@<n>`` → ``kuberl_val_core_<var>_<stat>{data_source=..., n="<n>"}``.
+
+Every series is labelled ``rljob`` and ``namespace``; ``kuberl_step`` and ``kuberl_total_steps`` carry progress.
+The names before 0.2 (``kuberl_timing_s_gen``, ``kuberl_gpu_utilization`` in percent,
+``kuberl_val_core_<data_source>_reward_mean_<n>``, …) are gone: docs/observability.md lists old → new.
 """
 
 from __future__ import annotations
@@ -24,11 +35,41 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 GPU_KEY = re.compile(r"^gpu/(\d+)/(\w+)$")
+VAL_KEY = re.compile(r"^(val-(?:core|aux))/(.+)/([^/]+)/([^/@]+)(?:@(\d+))?$")
+GIB = 2**30
 
 
 def prometheus_name(metric: str) -> str:
     """``actor/pg_loss`` → ``kuberl_actor_pg_loss``; anything outside ``[a-zA-Z0-9_]`` becomes ``_``."""
     return "kuberl_" + re.sub(r"_+", "_", re.sub(r"[^a-zA-Z0-9_]", "_", metric)).strip("_")
+
+
+def prometheus_series(key: str, value: float) -> tuple[str, dict[str, str], float]:
+    """verl's metric key → (Prometheus name in base units, labels beyond rljob/namespace, value in that unit)."""
+    labels: dict[str, str] = {}
+    if gpu := GPU_KEY.match(key):
+        labels["gpu"] = gpu.group(1)
+        key = f"gpu/{gpu.group(2)}"
+    elif val := VAL_KEY.match(key):
+        prefix, data_source, var, stat, n = val.groups()
+        labels["data_source"] = data_source
+        if n is not None:
+            labels["n"] = n
+        key = f"{prefix}/{var}/{stat}"
+    if key.startswith("timing_s/"):
+        return f"{prometheus_name('timing/' + key.removeprefix('timing_s/'))}_seconds", labels, value
+    name = prometheus_name(key)
+    if name.endswith("_gb"):
+        return name.removesuffix("_gb") + "_bytes", labels, value * GIB
+    if key == "gpu/utilization":
+        return f"{name}_ratio", labels, value / 100
+    if key.startswith("perf/mfu/"):
+        return f"{name}_ratio", labels, value
+    if key == "perf/time_per_step":
+        return f"{name}_seconds", labels, value
+    if key == "perf/throughput":
+        return f"{name}_tokens_per_second", labels, value
+    return name, labels, value
 
 
 class Timer:
@@ -47,6 +88,59 @@ class Timer:
 
     def metrics(self) -> dict[str, float]:
         return {f"timing_s/{k}": v for k, v in self.seconds.items()}
+
+
+class GPUSampler:
+    """A value (NVML utilization) read every `interval` seconds in a daemon thread; `take()` gives the mean over the
+    samples since the last take, so a step's figure covers the whole step and not the instant it ended at (when the
+    GPU is often idle, waiting for the driver)."""
+
+    def __init__(self, read: Callable[[], float], interval: float = 0.5) -> None:
+        import threading
+
+        self.read = read
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._sum, self._count = 0.0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kuberl-gpu-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                value = float(self.read())
+            except Exception as exc:  # NVML gone (driver reset): stop sampling, the step metrics go on without it
+                log.warning("GPU sampler stopped: %s", exc)
+                return
+            with self._lock:
+                self._sum, self._count = self._sum + value, self._count + 1
+            self._stop.wait(self.interval)
+
+    def take(self) -> float | None:
+        """Mean since the previous take (None when no sample was read in between)."""
+        with self._lock:
+            mean = self._sum / self._count if self._count else None
+            self._sum, self._count = 0.0, 0
+        return mean
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+_NVML_SAMPLERS: dict[int, GPUSampler] = {}
+
+
+def nvml_utilization_sampler(index: int) -> GPUSampler:
+    """One sampler per GPU index and process, started on first use (raises when NVML is unavailable)."""
+    if index not in _NVML_SAMPLERS:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        _NVML_SAMPLERS[index] = GPUSampler(lambda: float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu))
+    return _NVML_SAMPLERS[index]
 
 
 def summary_line(step: int, total_steps: int, m: dict[str, float]) -> str:
@@ -124,11 +218,8 @@ class PrometheusSink:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.set("kuberl_step", "Training steps completed.", step)
         for key, value in metrics.items():
-            gpu = GPU_KEY.match(key)
-            if gpu:
-                self.set(f"kuberl_gpu_{gpu.group(2)}", f"Per-GPU {gpu.group(2)} (NVML).", value, {"gpu": gpu.group(1)})
-            else:
-                self.set(prometheus_name(key), key, value)
+            name, labels, converted = prometheus_series(key, value)
+            self.set(name, f"{key} (base units)", converted, labels)
 
     def text(self) -> str:
         from prometheus_client import generate_latest

@@ -26,6 +26,31 @@ def in_cluster() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and TOKEN_FILE.is_file()
 
 
+def duration_summary(seconds: int) -> str:
+    """2h05m, 4m10s, 35s: what `kubectl get rljobs` shows as ETA."""
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def progress_estimate(step: int, total: int | None, start: tuple[float, int], now: float) -> dict[str, Any]:
+    """Progress's percent_complete, and the time to `total` at the mean step time since `start` (clock, step) of this attempt
+    (a resumed run counts from its resume step; until one step is done there is no estimate)."""
+    if not total:
+        return {}
+    estimate: dict[str, Any] = {"percent_complete": min(100, step * 100 // total)}
+    started_at, first_step = start
+    if step > first_step:
+        remaining = round(max(0, total - step) * (now - started_at) / (step - first_step))
+        estimate |= {
+            "estimated_remaining_seconds": remaining,
+            "estimated_remaining_time_summary": duration_summary(remaining),
+        }
+    return estimate
+
+
 class StatusReporter:
     def __init__(
         self, name: str, namespace: str, *, api: Any = None, min_interval: float = 10.0, clock: Any = time.monotonic
@@ -37,6 +62,7 @@ class StatusReporter:
         self.clock = clock
         self.last_sent: float | None = None
         self.failures = 0
+        self.start: tuple[float, int] | None = None  # (clock, step) of the first report of this attempt
 
     @classmethod
     def from_env(cls, name: str, namespace: str | None) -> StatusReporter | None:
@@ -71,9 +97,13 @@ class StatusReporter:
     def report(self, progress: Progress, *, force: bool = False) -> bool:
         """Patch ``status.progress`` unless one was sent less than ``min_interval`` ago."""
         now = self.clock()
+        step = progress.step
+        if self.start is None:
+            self.start = (now, step)
         if not force and self.last_sent is not None and now - self.last_sent < self.min_interval:
             return False
         self.last_sent = now
+        progress = progress.model_copy(update=progress_estimate(step, progress.total_steps, self.start, now))
         try:
             self.api.patch_namespaced_custom_object_status(
                 GROUP, VERSION, self.namespace, PLURAL, self.name, self.body(progress)

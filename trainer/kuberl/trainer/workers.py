@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from kuberl.api.spec import FSDP, Optim, RLJobSpec
 from kuberl.trainer import fsdp
+from kuberl.trainer.metrics import nvml_utilization_sampler
 from kuberl.trainer.microbatch import Rows, equalize, micro_batches, model_inputs, num_rows, pad_right, select, trim
 from kuberl.trainer.plan import ExecutionPlan, MicroBatching, plan_execution
 from kuberl.trainer.weight_sync import free_port
@@ -591,7 +592,7 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def device_stats(device: torch.device) -> dict[str, float]:
-    """Peak allocated memory (GPU) and NVML utilisation when ``pynvml`` is importable."""
+    """Peak allocated memory (GPU) and NVML utilisation (mean over the step) when ``pynvml`` is importable."""
     stats: dict[str, float] = {}
     if device.type != "cuda":
         return stats
@@ -603,7 +604,10 @@ def device_stats(device: torch.device) -> dict[str, float]:
         pynvml.nvmlInit()
         index = int((os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0])
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        stats["utilization"] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        # the mean over the step from a background sampler, not one reading at its end
+        utilization = nvml_utilization_sampler(index).take()
+        if utilization is not None:
+            stats["utilization"] = utilization
         stats["memory_used_gb"] = pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30
     except Exception:  # pynvml missing or NVML unavailable: memory from torch is still reported
         pass
