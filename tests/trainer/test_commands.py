@@ -113,7 +113,7 @@ def test_export_defaults_to_bfloat16(tmp_path):
     make_checkpoint(tmp_path / "ckpt")
     assert main(["export", str(tmp_path / "ckpt"), str(tmp_path / "hf")]) == 0
     with safe_open(tmp_path / "hf" / "model.safetensors", "pt") as f:
-        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}  # noqa: SIM118 (not a dict)
 
 
 def test_export_shards_with_an_index_and_readable_permissions(tmp_path):
@@ -245,3 +245,67 @@ def test_stats_with_an_unknown_tokenizer_is_a_message_not_a_traceback(tmp_path, 
 def test_stats_with_a_missing_data_file_is_a_message(tmp_path, capsys):
     assert main(["stats", str(tmp_path / "none.parquet"), "--tokenizer", TINY]) == 2
     assert "none.parquet: data file does not exist" in capsys.readouterr().err
+
+
+def subcommands() -> dict:
+    import argparse
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def test_every_flag_of_every_subcommand_has_help():
+    import argparse
+
+    missing = [
+        f"{name} {action.option_strings or action.dest}"
+        for name, parser in subcommands().items()
+        for action in parser._actions
+        if not action.help or (action.help == argparse.SUPPRESS and not action.option_strings)
+    ]
+    assert missing == []
+
+
+def test_output_is_a_format_and_output_file_a_path_everywhere():
+    import argparse
+
+    for name, parser in subcommands().items():
+        for action in parser._actions:
+            if action.help == argparse.SUPPRESS:
+                continue  # an old spelling kept for scripts
+            if "--output" in action.option_strings:
+                assert action.choices == ("text", "json") and "-o" in action.option_strings, name
+            if action.dest == "output_file":
+                assert action.option_strings == ["--output-file"], name
+
+
+def test_data_to_an_unwritable_place_is_a_message(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert main(["data", "digits", "--output-file", str(tmp_path / "file" / "d.parquet"), "--n", "2"]) == 1
+    assert "error:" in capsys.readouterr().err
+
+
+def test_data_with_an_unknown_suffix_is_a_message(tmp_path, capsys):
+    assert main(["data", "digits", "--output-file", str(tmp_path / "d.csv"), "--n", "2"]) == 1
+    assert "write .parquet or .jsonl" in capsys.readouterr().err
+
+
+def test_data_keeps_the_old_out_spelling(tmp_path):
+    assert main(["data", "digits", "--out", str(tmp_path / "d.jsonl"), "--n", "2"]) == 0
+    assert len((tmp_path / "d.jsonl").read_text().splitlines()) == 2
+
+
+def test_run_of_a_missing_file_is_a_message(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "job.yaml")]) == 2
+    assert "job.yaml" in capsys.readouterr().err
+
+
+def test_plan_of_a_missing_file_is_a_message(tmp_path, capsys):
+    assert main(["plan", str(tmp_path / "job.yaml")]) == 2
+    assert "job.yaml" in capsys.readouterr().err
+
+
+def test_plan_with_an_unknown_gpu_is_a_message(capsys):
+    assert main(["plan", str(REPO / "examples" / "gsm8k-grpo.yaml"), "--gpu", "Z9000"]) == 2
+    assert "Z9000" in capsys.readouterr().err

@@ -104,7 +104,9 @@ def test_main_gsm8k_synth_passes_the_problem_shape_through(tmp_path: Path) -> No
 def test_the_data_command_shapes_gsm8k_problems_with_max_operand_and_steps(tmp_path: Path) -> None:
     out = tmp_path / "small.jsonl"
     assert (
-        cli_main(["data", "gsm8k-synth", "--output-file", str(out), "--n", "20", "--max-operand", "10", "--steps", "1", "1"])
+        cli_main(
+            ["data", "gsm8k-synth", "--output-file", str(out), "--n", "20", "--max-operand", "10", "--steps", "1", "1"]
+        )
         == 0
     )
     assert load_rows([str(out)]) == gsm8k_synth(20, seed=0, split="train", max_operand=10, steps=(1, 1))
