@@ -173,9 +173,11 @@ def test_a_bare_hub_id_that_is_no_local_folder_is_told_its_hf_spelling(
         resolve("Qwen/Qwen2.5-7B-Instruct")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_kuberl_run_trains_a_step_on_model_and_data_read_from_s3(s3: Any, tmp_path: Path) -> None:
-    """The whole path on the cluster's terms: driver and Ray workers each fetch from the S3 endpoint."""
+    """The whole path on the cluster's terms: driver and Ray workers each fetch from the S3 endpoint. The run
+    folder then feeds `kuberl plot` (titled with the RLJob's name) and `kuberl export` (its latest checkpoint)."""
     import subprocess
     import sys
 
@@ -189,7 +191,7 @@ def test_kuberl_run_trains_a_step_on_model_and_data_read_from_s3(s3: Any, tmp_pa
     doc = yaml.safe_load((repo / "examples" / "tiny-cpu.yaml").read_text())
     doc["spec"]["model"]["path"] = "s3://models/run-policy"
     doc["spec"]["data"].update(trainFiles=["s3://data/run/train.parquet"], valFiles=[])
-    doc["spec"]["trainer"].update(totalSteps=1, testFreq=0, saveFreq=0, checkpointDir=str(tmp_path / "ckpt"))
+    doc["spec"]["trainer"].update(totalSteps=1, testFreq=0, saveFreq=1, checkpointDir=str(tmp_path / "ckpt"))
     doc["spec"]["trainer"]["metricsPort"] = 0
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(repo / p) for p in ("api", "operator", "trainer")))
@@ -213,3 +215,34 @@ def test_kuberl_run_trains_a_step_on_model_and_data_read_from_s3(s3: Any, tmp_pa
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "critic/score/mean" in r]
     assert [r["step"] for r in records] == [1]
+
+    from kuberl.cli import main
+    from kuberl.trainer.plot import figure, read_records, run_record
+
+    assert main(["plot", str(tmp_path / "run")]) == 0
+    fig = figure(read_records(tmp_path / "run" / "metrics.jsonl"), run_record(tmp_path / "run"), tmp_path / "run")
+    assert fig._suptitle.get_text().startswith("RLJob tiny-cpu")
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "hf"), "--dtype", "float32"]) == 0
+    assert load_causal_lm(str(tmp_path / "hf"), torch.float32).config.hidden_size == 32
+
+
+def test_kuberl_run_with_a_missing_s3_data_file_is_a_message(s3: Any, tmp_path: Path, capsys: Any) -> None:
+    import yaml
+
+    from kuberl.cli import main
+
+    repo = Path(__file__).resolve().parents[2]
+    doc = yaml.safe_load((repo / "examples" / "tiny-cpu.yaml").read_text())
+    doc["spec"]["data"].update(trainFiles=["s3://data/run/absent.parquet"], valFiles=[])
+    doc["spec"]["trainer"].update(testFreq=0)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    assert main(["run", str(tmp_path / "job.yaml"), "--run-dir", str(tmp_path / "run")]) == 1
+    assert "error: s3://data/run/absent.parquet: no such object" in capsys.readouterr().err
+
+
+def test_kuberl_stats_reads_s3_data(s3: Any, tmp_path: Path, capsys: Any) -> None:
+    from kuberl.cli import main
+
+    s3.put(str(write_rows(digit_copy(20, seed=0, split="train"), str(tmp_path / "d.parquet"))), "data/stats.parquet")
+    assert main(["stats", "s3://data/stats.parquet", "--tokenizer", TINY]) == 0
+    assert "maxPromptLength" in capsys.readouterr().out
