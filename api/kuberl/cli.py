@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kuberl.api.cli_options import add_format_option, add_output_file_option
 from kuberl.api.documents import Checked, check, load_documents
 from kuberl.api.overrides import add_set_argument
 
@@ -103,7 +104,7 @@ def _write_or_check(paths: list[Path], content: str, check_only: bool, command: 
         for path in missing:
             print(
                 f"{path.resolve()} does not exist: run `kuberl {command}` in the repository root, "
-                "or name the file with --output",
+                "or name the file with --output-file",
                 file=sys.stderr,
             )
         for path in stale:
@@ -112,8 +113,12 @@ def _write_or_check(paths: list[Path], content: str, check_only: bool, command: 
             print("up to date: " + ", ".join(map(str, paths)), file=sys.stderr)
         return 1 if missing or stale else 0
     for path in paths:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content)
+        except OSError as exc:
+            print(f"error: cannot write {path}: {exc.strerror}", file=sys.stderr)
+            return 2
         print(f"wrote {path}")
     return 0
 
@@ -121,14 +126,14 @@ def _write_or_check(paths: list[Path], content: str, check_only: bool, command: 
 def _crd(args: argparse.Namespace) -> int:
     from kuberl.api.crd import crd_yaml
 
-    paths = [Path(args.output)] if args.output else list(CRD_PATHS)
+    paths = [Path(args.output_file)] if args.output_file else list(CRD_PATHS)
     return _write_or_check(paths, crd_yaml(), args.check, "crd")
 
 
 def _docs(args: argparse.Namespace) -> int:
     from kuberl.api.docs import api_markdown
 
-    return _write_or_check([Path(args.output)], api_markdown(), args.check, "docs")
+    return _write_or_check([Path(args.output_file)], api_markdown(), args.check, "docs")
 
 
 def _import_verl(args: argparse.Namespace) -> int:
@@ -164,16 +169,20 @@ def _import_verl(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     text = yaml12.dump(imported.document)
-    if args.output == "-":
+    if args.output_file == "-":
         sys.stdout.write(text)
     else:
-        Path(args.output).write_text(text)
-        print(f"wrote {args.output}", file=sys.stderr)
+        try:
+            Path(args.output_file).write_text(text)
+        except OSError as exc:
+            print(f"error: cannot write {args.output_file}: {exc.strerror}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.output_file}", file=sys.stderr)
     for key, value, reason in imported.unmapped:
         print(f"not imported: {key}={value!r}: {reason}", file=sys.stderr)
     for note in imported.notes:
         print(f"note: {note}", file=sys.stderr)
-    result = check(args.output if args.output != "-" else "<import>", imported.document)
+    result = check(args.output_file if args.output_file != "-" else "<import>", imported.document)
     if not result.valid:
         print(_as_text(result), file=sys.stderr)
         return 1
@@ -209,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     validate = sub.add_parser("validate", help="check RLJob manifests offline with the admission rules")
     validate.add_argument("files", nargs="+", help="YAML files, multi-document allowed")
-    validate.add_argument("--output", "-o", choices=["text", "json"], default="text", help="report format")
+    add_format_option(validate)
     add_set_argument(validate)
     validate.set_defaults(func=_validate)
 
@@ -225,17 +234,26 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="INPUT",
         help="a verl launch script or YAML file ('-' for stdin), or key=value overrides applied in order",
     )
-    import_verl.add_argument("--output", "-o", default="-", help="where the RLJob YAML goes ('-' = stdout)")
+    add_output_file_option(
+        import_verl, "where the RLJob YAML goes (default '-': stdout)", default="-", legacy=("--output", "-o")
+    )
     import_verl.add_argument("--name", help="metadata.name (default: trainer.experiment_name, else verl-import)")
     import_verl.set_defaults(func=_import_verl)
 
     crd = sub.add_parser("crd", help="write the RLJob CRD generated from the spec models and rules")
-    crd.add_argument("--output", "-o", help="one file ('-' = stdout) instead of crds/ and the chart's crds/")
+    add_output_file_option(
+        crd, "one file ('-' = stdout) instead of crds/ and the chart's crds/", legacy=("--output", "-o")
+    )
     crd.add_argument("--check", action="store_true", help="exit 1 if the file is stale instead of writing it")
     crd.set_defaults(func=_crd)
 
     docs = sub.add_parser("docs", help="write docs/api.md generated from the spec models and rules")
-    docs.add_argument("--output", "-o", default=str(DOCS_PATH), help="where the Markdown goes ('-' = stdout)")
+    add_output_file_option(
+        docs,
+        f"where the Markdown goes ('-' = stdout; default {DOCS_PATH})",
+        default=str(DOCS_PATH),
+        legacy=("--output", "-o"),
+    )
     docs.add_argument("--check", action="store_true", help="exit 1 if the file is stale instead of writing it")
     docs.set_defaults(func=_docs)
 

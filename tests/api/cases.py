@@ -499,5 +499,49 @@ INVALID_CASES: list[InvalidCase] = [
     ),
 ]
 
+INVALID_CASES += [
+    _case(
+        "model-path-bare-hub-id",
+        "spec.model.path",
+        "model-path-source",
+        _set("spec.model.path", "Qwen/Qwen2.5-7B-Instruct"),
+        "write hf://Qwen/Qwen2.5-7B-Instruct",
+    ),
+    _case("model-path-http", "spec.model.path", "model-path-source", _set("spec.model.path", "https://x.org/m")),
+    _case("model-path-gs", "spec.model.path", "model-path-source", _set("spec.model.path", "gs://bucket/model")),
+    _case("model-path-hf-no-name", "spec.model.path", "model-path-source", _set("spec.model.path", "hf://Qwen")),
+    _case(
+        "tokenizer-path-bare-hub-id",
+        "spec.model.tokenizerPath",
+        "model-tokenizerpath-source",
+        _set("spec.model.tokenizerPath", "Qwen/Qwen2.5-7B-Instruct"),
+    ),
+    _case(
+        "critic-model-path-http",
+        "spec.critic.modelPath",
+        "critic-modelpath-source",
+        _set("spec.critic", {"modelPath": "http://host/critic"}),
+    ),
+    _case(
+        "reward-model-path-gs",
+        "spec.reward.model.path",
+        "reward-model-path-source",
+        _set("spec.reward.model", {"path": "gs://bucket/rm"}),
+    ),
+    _case(
+        "train-file-gs",
+        "spec.data.trainFiles",
+        "data-trainfiles-source",
+        _set("spec.data.trainFiles", ["/data/a.parquet", "gs://bucket/b.parquet"]),
+        "entry gs://bucket/b.parquet",
+    ),
+    _case(
+        "val-file-hf-model-repo",
+        "spec.data.valFiles",
+        "data-valfiles-source",
+        _set("spec.data.valFiles", ["hf://openai/gsm8k/test.parquet"]),
+    ),
+]
+
 UNKNOWN_FIELD_CASES = [c for c in INVALID_CASES if "did you mean" in c.message]
 """Pruned silently by the apiserver unless the client asks for strict field validation."""

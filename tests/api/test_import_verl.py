@@ -231,7 +231,7 @@ def test_ppo_run_keeps_its_critic() -> None:
     assert spec["algorithm"]["advantageEstimator"] == "gae"
     assert spec["critic"] == {
         "optim": {"lr": 1e-5},
-        "modelPath": "deepseek-ai/deepseek-llm-7b-chat",
+        "modelPath": "hf://deepseek-ai/deepseek-llm-7b-chat",
         "ppoMicroBatchSizePerGPU": 32,
         "fsdp": {"paramOffload": False, "optimizerOffload": False},
     }
@@ -309,3 +309,17 @@ def test_verl_yaml_is_imported(tmp_path: Path, capsys: pytest.CaptureFixture[str
     path.write_text(yaml.safe_dump({"data": {"train_batch_size": 8}, "actor_rollout_ref": {"rollout": {"n": 4}}}))
     main(["import-verl", str(path)])
     assert yaml.safe_load(capsys.readouterr().out)["spec"]["batch"] == {"trainBatchSize": 8, "rolloutN": 4}
+
+
+def test_a_bare_hub_id_becomes_an_hf_url_with_a_note() -> None:
+    imported = to_rljob(overrides_from_script(RUNS["ppo-with-critic"]))
+    spec = imported.document["spec"]
+    assert spec["model"]["path"] == "hf://deepseek-ai/deepseek-llm-7b-chat"
+    assert spec["critic"]["modelPath"] == "hf://deepseek-ai/deepseek-llm-7b-chat"
+    assert any("is a hub id, which verl downloads: model.path = hf://deepseek-ai" in n for n in imported.notes)
+    assert to_verl(spec)["actor_rollout_ref.model.path"] == "deepseek-ai/deepseek-llm-7b-chat"
+
+
+def test_a_local_model_path_is_kept() -> None:
+    spec = to_rljob({"actor_rollout_ref.model.path": "/models/Qwen2.5-Math-7B"}).document["spec"]
+    assert spec["model"]["path"] == "/models/Qwen2.5-Math-7B"

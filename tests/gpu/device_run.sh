@@ -88,10 +88,10 @@ grpo() {
   # comes from `kuberl data gsm8k-synth` with GRPO_DATA_ARGS (e.g. "--max-operand 10 --steps 1 1")
   log "grpo: data"
   # shellcheck disable=SC2086
-  python3 -m kuberl.cli data gsm8k-synth --out /tmp/gsm8k-synth/train.parquet --n 2000 ${GRPO_DATA_ARGS:-} \
+  python3 -m kuberl.cli data gsm8k-synth --output-file /tmp/gsm8k-synth/train.parquet --n 2000 ${GRPO_DATA_ARGS:-} \
     >> "$OUT/grpo.log" 2>&1
   # shellcheck disable=SC2086
-  python3 -m kuberl.cli data gsm8k-synth --out /tmp/gsm8k-synth/test.parquet --n 128 --seed 1 --split test \
+  python3 -m kuberl.cli data gsm8k-synth --output-file /tmp/gsm8k-synth/test.parquet --n 128 --seed 1 --split test \
     ${GRPO_DATA_ARGS:-} >> "$OUT/grpo.log" 2>&1
   for spec in ${GRPO_SPECS:-tests/gpu/smollm2-grpo-vllm.yaml}; do
     local name

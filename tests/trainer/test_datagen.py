@@ -21,7 +21,7 @@ APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a *
 def test_gsm8k_rows_follow_verls_schema() -> None:
     row = gsm8k_synth(1, seed=0, split="train")[0]
     assert set(row) == {"data_source", "prompt", "ability", "reward_model", "extra_info"}
-    assert row["data_source"] == "openai/gsm8k" and row["ability"] == "math"
+    assert row["data_source"] == "kuberl/gsm8k-synth" and row["ability"] == "math"
     assert row["prompt"] == [{"role": "user", "content": f"{row['extra_info']['question']} {GSM8K_INSTRUCTION}"}]
     assert row["reward_model"]["style"] == "rule"
     assert set(row["extra_info"]) == {"split", "index", "question", "answer"}
@@ -104,17 +104,19 @@ def test_main_gsm8k_synth_passes_the_problem_shape_through(tmp_path: Path) -> No
 def test_the_data_command_shapes_gsm8k_problems_with_max_operand_and_steps(tmp_path: Path) -> None:
     out = tmp_path / "small.jsonl"
     assert (
-        cli_main(["data", "gsm8k-synth", "--out", str(out), "--n", "20", "--max-operand", "10", "--steps", "1", "1"])
+        cli_main(
+            ["data", "gsm8k-synth", "--output-file", str(out), "--n", "20", "--max-operand", "10", "--steps", "1", "1"]
+        )
         == 0
     )
     assert load_rows([str(out)]) == gsm8k_synth(20, seed=0, split="train", max_operand=10, steps=(1, 1))
 
 
 def test_the_data_command_refuses_an_invalid_problem_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli_main(["data", "gsm8k-synth", "--out", str(tmp_path / "d.jsonl"), "--steps", "3", "1"]) == 1
+    assert cli_main(["data", "gsm8k-synth", "--output-file", str(tmp_path / "d.jsonl"), "--steps", "3", "1"]) == 1
     assert "steps=(3, 1)" in capsys.readouterr().err
 
 
 def test_the_data_command_refuses_gsm8k_options_for_digits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli_main(["data", "digits", "--out", str(tmp_path / "d.jsonl"), "--max-operand", "10"]) == 1
+    assert cli_main(["data", "digits", "--output-file", str(tmp_path / "d.jsonl"), "--max-operand", "10"]) == 1
     assert "digits task takes neither" in capsys.readouterr().err

@@ -264,3 +264,13 @@ def test_a_reward_model_with_several_labels_is_refused(tmp_path: Path) -> None:
     models.tiny_tokenizer().save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="num_labels=2"):
         RewardModelScorer(str(tmp_path), micro_batch_size=1, dtype=torch.float32, max_length=8)
+
+
+def test_generated_gsm8k_rows_are_scored_by_the_gsm8k_rule_under_their_own_source() -> None:
+    from kuberl.trainer.datagen import GSM8K_SYNTH_SOURCE, gsm8k_synth
+
+    row = gsm8k_synth(1, seed=0, split="test")[0]
+    truth = row["reward_model"]["ground_truth"]
+    assert row["data_source"] == GSM8K_SYNTH_SOURCE != "openai/gsm8k"
+    assert default(row["data_source"], f"so\n#### {truth}", truth) == 1.0
+    assert default(row["data_source"], f"#### {int(truth) + 1}", truth) == 0.0

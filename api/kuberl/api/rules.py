@@ -114,6 +114,58 @@ def _cel_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+# --- remote sources (issue 19) ---
+# What the trainer can load (kuberl.trainer.sources): local paths, hf:// through the hub cache, s3:// through
+# fsspec; tiny:// test models for model paths. Any other URL, and a bare hub id (ORG/NAME, which would be read
+# as a relative folder and fail on the cluster), is refused here, offline and at admission.
+URL_SCHEME = "^[A-Za-z][A-Za-z0-9+.-]*://"
+MODEL_SOURCE = "^(tiny://|hf://[^/@]+/[^/@]+(@.+)?$|s3://[^/]+/.)"
+DATA_SOURCE = "^(hf://datasets/[^/@]+/[^/@]+(@[^/]+)?/.|s3://[^/]+/.)"
+HUB_ID = "^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+$"
+MODEL_SOURCES_HELP = (
+    "use a local path (absolute, or ./ for a relative folder), hf://ORG/NAME[@REVISION] (Hugging Face hub through "
+    "its cache; HF_HUB_OFFLINE honoured), s3://BUCKET/PREFIX, a .gguf file, smollm2 or tiny://"
+)
+DATA_SOURCES_HELP = "use a local path, s3://BUCKET/KEY or hf://datasets/ORG/NAME[@REVISION]/FILE"
+
+
+def model_source_ok(value: str) -> str:
+    """CEL: the string expression ``value`` names a model source the trainer loads."""
+    return (
+        f"({value}.matches('{MODEL_SOURCE}') || (!{value}.matches('{URL_SCHEME}')"
+        f" && ({value}.endsWith('.gguf') || !{value}.matches('{HUB_ID}'))))"
+    )
+
+
+def data_source_ok(value: str) -> str:
+    """CEL: the string expression ``value`` names a data file the trainer reads."""
+    return f"({value}.matches('{DATA_SOURCE}') || !{value}.matches('{URL_SCHEME}'))"
+
+
+def model_source_rule(field: str, guard: str = "") -> Rule:
+    value = f"self.{field}"
+    return Rule(
+        id=f"{field.replace('.', '-').lower()}-source",
+        field=field,
+        rule=f"{guard}{model_source_ok(value)}",
+        message=f"{field} ${{{value}}} is not a source the trainer can load: {MODEL_SOURCES_HELP}"
+        f"${{{value}.matches('{HUB_ID}') ? '; for the hub model write hf://' + {value} : ''}}",
+        verl="ours",
+    )
+
+
+def data_files_rule(field: str) -> Rule:
+    files = f"self.{field}"
+    return Rule(
+        id=f"{field.replace('.', '-').lower()}-source",
+        field=field,
+        rule=f"{files}.all(f, {data_source_ok('f')})",
+        message=f"{field} entry ${{{files}.filter(f, !{data_source_ok('f')})[0]}} is not a file the trainer can "
+        f"read: {DATA_SOURCES_HELP}",
+        verl="ours",
+    )
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         id="responses-divisible-by-dp",
@@ -432,6 +484,13 @@ RULES: tuple[Rule, ...] = (
         "RayJobs admitted through a LocalQueue",
         verl="ours",
     ),
+    # --- remote sources (issue 19) ---
+    model_source_rule("model.path"),
+    model_source_rule("model.tokenizerPath", "!has(self.model.tokenizerPath) || "),
+    model_source_rule("critic.modelPath", "!has(self.critic) || !has(self.critic.modelPath) || "),
+    model_source_rule("reward.model.path", "!has(self.reward.model) || "),
+    data_files_rule("data.trainFiles"),
+    data_files_rule("data.valFiles"),
     Rule(
         id="name-fits-kuberay",
         field="metadata.name",

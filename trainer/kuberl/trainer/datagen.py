@@ -12,6 +12,8 @@ GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after
 NAMES = ("Ana", "Ben", "Chloe", "Dev", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jamal", "Kira", "Liam")
 THEN = ("Then", "Later", "After that", "Next")
 ITEMS = ("apples", "marbles", "stickers", "books", "cookies", "pencils", "coins", "cards", "shells", "stamps")
+GSM8K_SYNTH_SOURCE = "kuberl/gsm8k-synth"
+"""The data_source of generated GSM8K-like rows: scored by the gsm8k rule, reported apart from real GSM8K."""
 MAX_OPERAND = 50
 STEPS = (1, 3)
 """gsm8k_synth's default problem shape: starting amounts and addends up to 50, one to three arithmetic steps."""
@@ -72,9 +74,10 @@ def gsm8k_synth(
 ) -> list[dict[str, Any]]:
     """``n`` GSM8K-like word problems of ``steps`` (inclusive range) arithmetic steps each.
 
-    Rows look like verl's GSM8K preprocessing output (``data_source`` ``openai/gsm8k``, the question followed by
-    verl's instruction, the bare number as ground truth), so the builtin ``gsm8k`` reward scores them. The split
-    name is part of the seed, so train and test draws differ.
+    Rows look like verl's GSM8K preprocessing output (the question followed by verl's instruction, the bare number
+    as ground truth) but are labelled ``data_source`` ``kuberl/gsm8k-synth``, so validation metrics
+    (``val-core/kuberl/gsm8k-synth/...``) never pass for real GSM8K; the builtin reward scores them with the
+    ``gsm8k`` rule. The split name is part of the seed, so train and test draws differ.
     """
     if n < 0 or max_operand < 2 or not 1 <= steps[0] <= steps[1]:
         raise ValueError(
@@ -87,7 +90,7 @@ def gsm8k_synth(
         question, answer, value = word_problem(rng, max_operand, rng.randint(*steps))
         rows.append(
             {
-                "data_source": "openai/gsm8k",
+                "data_source": GSM8K_SYNTH_SOURCE,
                 "prompt": [{"role": "user", "content": f"{question} {GSM8K_INSTRUCTION}"}],
                 "ability": "math",
                 "reward_model": {"style": "rule", "ground_truth": str(value)},
@@ -129,7 +132,7 @@ def main_gsm8k_synth(
     """``kuberl data gsm8k-synth``: write ``n`` generated GSM8K problems to ``out`` (.parquet or .jsonl)."""
     path = write_rows(gsm8k_synth(n, seed=seed, split=split, max_operand=max_operand, steps=steps), out)
     print(
-        f"wrote {n} rows (data_source openai/gsm8k, split {split}, seed {seed}, max_operand {max_operand}, "
+        f"wrote {n} rows (data_source {GSM8K_SYNTH_SOURCE}, split {split}, seed {seed}, max_operand {max_operand}, "
         f"steps {steps[0]}..{steps[1]}) to {path}"
     )
 

@@ -262,6 +262,23 @@ class WandbSink:
         self.run.finish()
 
 
+RUN_RECORD = "rljob.json"
+
+
+def write_run_record(run_dir: Path, rljob: str, namespace: str, config: dict[str, Any]) -> None:
+    """``rljob.json`` beside ``metrics.jsonl``: what `kuberl plot` titles with and where `kuberl export` finds the
+    checkpoints of a run folder (checkpointDir made absolute, as the run's working directory is not recorded)."""
+    checkpoint_dir = config.get("trainer", {}).get("checkpointDir")
+    record = {
+        "name": rljob,
+        "namespace": namespace,
+        "checkpointDir": str(Path(checkpoint_dir).resolve()) if checkpoint_dir else None,
+        "spec": config,
+    }
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
 class MetricsLogger:
     """Fans a step's metrics out to every configured sink; a failing optional sink is logged, not fatal."""
 
@@ -283,6 +300,7 @@ class MetricsLogger:
             self.sinks.append(ConsoleSink(total_steps, write))
         if "jsonl" in loggers:
             self.sinks.append(JsonlSink(run_dir / "metrics.jsonl"))
+            write_run_record(run_dir, rljob, namespace, config or {})
         optional: list[tuple[str, Callable[[], Any]]] = [
             (
                 "prometheus",

@@ -11,12 +11,11 @@ from typing import Any
 
 from kuberl.api.memory import ModelShape
 from kuberl.trainer.models import (
-    SMOLLM2_ALIAS,
     TINY_SCHEME,
     WHAT_TO_PASS,
     ModelNotFoundError,
+    local_source,
     parse_tiny,
-    smollm2_gguf,
     tiny_tokenizer,
 )
 
@@ -34,7 +33,7 @@ def model_shape(path: str) -> ModelShape:
             tie_embeddings=tiny.tie,
             qkv_bias=tiny.family == "qwen2",
         )
-    local = Path(smollm2_gguf() if path == SMOLLM2_ALIAS else path).expanduser()
+    local = local_source(path, allow_patterns=["config.json"])
     if local.is_file() and local.suffix == ".gguf":
         return gguf_shape(local)
     config = local / "config.json" if local.is_dir() else local

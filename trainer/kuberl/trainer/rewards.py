@@ -98,6 +98,7 @@ def prefix_match(
 
 DISPATCH: dict[str, Callable[[str, str, str, dict[str, Any] | None], float]] = {
     "openai/gsm8k": gsm8k,
+    "kuberl/gsm8k-synth": gsm8k,  # `kuberl data gsm8k-synth`: GSM8K's format, labelled as generated
     "kuberl/digits": prefix_match,
 }
 
