@@ -208,11 +208,19 @@ class KubeRayRunner:
         env.update(self.pod_env)
         os.environ.update(RAY_ENV)
         submission = JobSubmissionClient(attempt.dashboard)
-        return submission.submit_job(
-            entrypoint=f"cd {shlex.quote(str(workdir))} && {entrypoint}",
-            runtime_env={"env_vars": env},
-            submission_id=f"{attempt.cluster}-{int(time.time())}",
-        )
+        # The dashboard answers before the head's agent has registered; KubeRay's submitter retries the same way.
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                return submission.submit_job(
+                    entrypoint=f"cd {shlex.quote(str(workdir))} && {entrypoint}",
+                    runtime_env={"env_vars": env},
+                    submission_id=f"{attempt.cluster}-{int(time.time())}",
+                )
+            except RuntimeError as exc:
+                if "No available agent" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
 
     def _job_state(self, attempt: Attempt) -> str:
         from ray.job_submission import JobSubmissionClient

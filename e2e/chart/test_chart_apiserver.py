@@ -143,7 +143,7 @@ def test_install_with_the_chart_crd_is_accepted(cluster: Cluster, helm_bin: Path
     assert crd["spec"]["versions"][0]["name"] == "v1alpha1"
 
 
-def test_operator_service_account_can_reconcile_rljobs_and_cannot_read_secrets(
+def test_operator_service_account_can_reconcile_rljobs_and_cannot_list_secrets(
     cluster: Cluster, helm_bin: Path, namespace: str, uninstall
 ):
     release = release_for(namespace)
@@ -160,11 +160,12 @@ def test_operator_service_account_can_reconcile_rljobs_and_cannot_read_secrets(
         ("create", "configmaps"),
         ("create", "events"),
         ("update", "rljobs.kuberl.io/finalizers"),
+        ("create", "secrets"),  # the per-RLJob Ray token Secret, read back by name only
     ]:
         assert can_i(cluster, operator, verb, resource, elsewhere), f"operator cannot {verb} {resource}"
     for verb, resource in [
-        ("get", "secrets"),
         ("list", "secrets"),
+        ("watch", "secrets"),
         ("create", "pods"),
         ("delete", "rljobs.kuberl.io"),
         ("create", "rljobs.kuberl.io"),

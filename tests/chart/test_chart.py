@@ -287,8 +287,11 @@ def test_cluster_wide_mode_grants_exactly_the_operators_needs_in_one_cluster_rol
 def test_namespaced_mode_grants_a_role_per_namespace_and_nothing_cluster_wide(rendered):
     objects = rendered["namespaced"]
     assert not kinds(objects, "ClusterRoleBinding")
-    # only the aggregated user roles, which grant the operator nothing
-    assert sorted(r["metadata"]["name"] for r in kinds(objects, "ClusterRole")) == ["kuberl-edit", "kuberl-view"]
+    # only the aggregated user roles, which grant the operator nothing, named per release namespace
+    assert sorted(r["metadata"]["name"] for r in kinds(objects, "ClusterRole")) == [
+        f"kuberl-{RELEASE_NAMESPACE}-edit",
+        f"kuberl-{RELEASE_NAMESPACE}-view",
+    ]
     roles = {
         r["metadata"]["namespace"]: r for r in kinds(objects, "Role") if r["metadata"]["name"] == "kuberl-operator"
     }

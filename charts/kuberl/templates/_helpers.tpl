@@ -4,6 +4,18 @@
 {{- end }}
 
 {{/* The full name of the release's objects: <release>-kuberl, or the release name when it already says kuberl. */}}
+{{/*
+Name of a cluster-scoped object (ClusterRoles, the status policy): the fullname, and in the namespaced install mode
+(watchNamespaces set) the release namespace after it, so that releases in several namespaces do not collide.
+*/}}
+{{- define "kuberl.clusterScopedName" -}}
+{{- if .Values.watchNamespaces }}
+{{- printf "%s-%s" (include "kuberl.fullname" .) .Release.Namespace | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- include "kuberl.fullname" . }}
+{{- end }}
+{{- end }}
+
 {{- define "kuberl.fullname" -}}
 {{- if .Values.fullnameOverride }}
 {{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
