@@ -24,6 +24,7 @@ ARTIFACTS=${KUBERL_KIND_ARTIFACTS:-$REPO_ROOT/runs/kind-e2e/$(date -u +%Y%m%dT%H
 TEST_NS=kuberl-e2e          # where the RLJob runs: the chart's watchNamespaces and trainer namespace
 OPERATOR_NS=kuberl-system   # the kuberl chart's release namespace
 KUBERAY_NS=ray-system       # KubeRay's operator
+OUTSIDER_NS=kuberl-e2e-outsider   # another tenant's namespace: its pods must not reach the RLJob's Ray cluster
 RELEASE=kuberl              # the chart names its objects after a release name containing "kuberl"
 OPERATOR_IMAGE=kuberl/operator:dev
 TRAINER_IMAGE=kuberl/trainer:dev   # also named in tiny-cpu.patch.yaml
@@ -144,7 +145,8 @@ install_kuberl() {
     --set operator.image.repository="${OPERATOR_IMAGE%:*}" \
     --set operator.image.tag="${OPERATOR_IMAGE##*:}" \
     --set operator.image.pullPolicy=Never \
-    --set "watchNamespaces={$TEST_NS}"
+    --set "watchNamespaces={$TEST_NS}" \
+    --set security.kuberayNamespace="$KUBERAY_NS"
   k wait --for=condition=Established crd/rljobs.kuberl.io --timeout=120s
   k -n "$OPERATOR_NS" wait --for=condition=Available deployment --all --timeout=300s
 }
@@ -195,6 +197,16 @@ wait_for_success() {
 
 lease_holder() { k -n "$OPERATOR_NS" get lease "$RELEASE-leader" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true; }
 
+# refusal RC OUTPUT PATTERN: "refused" when a probe failed for the expected reason (PATTERN in its output, or no
+# answer at all: 124), else what happened instead
+refusal() {
+  if (($1 == 124)) || { (($1 != 0)) && grep -qiE "$3" <<<"$2"; }; then
+    echo refused
+  else
+    echo "exit status $1, not a refusal (output in $ARTIFACTS)"
+  fi
+}
+
 # What only a real cluster shows about the two operator replicas: the Lease is held by one pod (POD_NAME), and
 # after that pod is deleted without grace (as on a lost node) the other takes over while the RLJob runs; the job
 # must still succeed with no restart (check_result).
@@ -213,6 +225,59 @@ failover_leader() {
   done
   log "ok: $holder took the Lease $((SECONDS - t0)) s after $leader was deleted"
   printf 'leader failover: %s -> %s in %d s\n' "$leader" "$holder" $((SECONDS - t0)) >>"$ARTIFACTS/versions.txt"
+}
+
+# ray_probe NAMESPACE LABELS TOKEN RAY-ARGS...: run `ray RAY-ARGS` against the RLJob's dashboard from a throwaway pod
+# of the trainer image in NAMESPACE with pod LABELS (may be empty), authenticated with TOKEN (may be empty); prints
+# the output, returns the exit status (124: no answer within 45 s). The address comes from the RLJob's status.
+ray_probe() {
+  local namespace=$1 labels=$2 token=$3 address pod
+  shift 3
+  address=http://$(k -n "$TEST_NS" get rljob "$JOB" -o jsonpath='{.status.dashboardURL}')
+  pod=ray-probe-$RANDOM
+  local run=(run "$pod" -n "$namespace" --image="$TRAINER_IMAGE" --image-pull-policy=Never --restart=Never
+    --rm -i --quiet --pod-running-timeout=120s --env=RAY_ADDRESS="$address")
+  [[ -z $labels ]] || run+=(--labels="$labels")
+  [[ -z $token ]] || run+=(--env=RAY_AUTH_MODE=token --env=RAY_AUTH_TOKEN="$token")
+  k "${run[@]}" --command -- timeout 45 ray "$@" 2>&1
+}
+
+# What only a real cluster (a CNI that enforces NetworkPolicy: kindnet does) shows about the RLJob's Ray cluster:
+# another namespace cannot reach it even holding the token (NetworkPolicy), a pod the policy admits cannot use it
+# without the token (Ray's token authentication), and with both the same probe gets in (so the refusals are real).
+check_isolation() {
+  local head="" url="" token out rc deadline=$((SECONDS + 300))
+  log "waiting for the Ray head of $JOB and its dashboard URL in the RLJob's status"
+  until [[ -n $head && -n $url ]]; do
+    ((SECONDS < deadline)) || die "no Ray head pod or status.dashboardURL of $JOB after 300 s"
+    sleep 3
+    head=$(k -n "$TEST_NS" get pods -l "kuberl.io/rljob=$JOB,ray.io/node-type=head" -o name 2>/dev/null) || head=""
+    url=$(jp rljob "$JOB" '{.status.dashboardURL}')
+  done
+  k -n "$TEST_NS" wait --for=condition=Ready "$head" --timeout=300s
+  token=$(k -n "$TEST_NS" get secret "$JOB-ray-token" -o jsonpath='{.data.auth_token}' | base64 -d)
+  [[ -n $token ]] || die "the token Secret $JOB-ray-token holds no auth_token"
+  k create namespace "$OUTSIDER_NS" --dry-run=client -o yaml | k apply -f -
+  until k -n "$OUTSIDER_NS" get serviceaccount default >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || die "namespace $OUTSIDER_NS got no default ServiceAccount"
+    sleep 1
+  done
+
+  rc=0; out=$(ray_probe "$TEST_NS" "kuberl.io/rljob=$JOB" "$token" job list) || rc=$?
+  printf '%s\n' "$out" >"$ARTIFACTS/ray-probe-allowed.txt"
+  expect "ray job list from $JOB's pods with the token (exit status)" "$rc" 0
+
+  rc=0; out=$(ray_probe "$TEST_NS" "kuberl.io/rljob=$JOB" "" job submit --no-wait -- echo pwned) || rc=$?
+  printf '%s\n' "$out" >"$ARTIFACTS/ray-probe-no-token.txt"
+  expect "ray job submit without the token" "$(refusal "$rc" "$out" 'unauthori[sz]ed|401|403|authenticat|token')" \
+    refused
+
+  rc=0; out=$(ray_probe "$OUTSIDER_NS" "" "$token" job submit --no-wait -- echo pwned) || rc=$?
+  printf '%s\n' "$out" >"$ARTIFACTS/ray-probe-other-namespace.txt"
+  expect "ray job submit from namespace $OUTSIDER_NS, token and all" \
+    "$(refusal "$rc" "$out" 'connect|timed out|timeout')" refused
+  k delete namespace "$OUTSIDER_NS" --wait=false
+  ((failures == 0)) || die "$failures isolation check(s) failed"
 }
 
 failures=0
@@ -304,6 +369,7 @@ step load_images
 step install_kuberay
 step install_kuberl
 step apply_job
+step check_isolation
 step failover_leader
 step wait_for_success
 step check_result

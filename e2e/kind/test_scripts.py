@@ -18,6 +18,14 @@ import yaml
 from e2e.fixtures import in_ci, require_tools
 from e2e.harness import Tools
 from e2e.operator.kuberay_rules import kuberay_checks, kuberay_crd_dir, rayjob_schema_errors
+from kuberl.api.contract import (
+    ENV_RAY_AUTH_MODE,
+    ENV_RAY_AUTH_TOKEN,
+    RAY_AUTH_MODE_TOKEN,
+    RLJOB_LABEL,
+    TOKEN_SECRET_KEY,
+    token_secret_name,
+)
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.validation import validate_document
 from kuberl.operator.rayjob import render_rayjob
@@ -168,3 +176,35 @@ def test_the_docs_name_every_pinned_version() -> None:
     docs = DOCS.read_text()
     missing = {name: value for name, value in pins.items() if value not in docs}
     assert not missing, f"docs/e2e.md does not mention {missing}"
+
+
+def run_steps() -> list[str]:
+    return re.findall(r"^step (\w+)$", (KIND_DIR / "run.sh").read_text(), re.MULTILINE)
+
+
+def test_kuberay_s_namespace_is_the_one_the_rljob_s_network_policy_admits() -> None:
+    # the chart's default (kuberay-system) differs from the suite's: without the flag KubeRay could not poll the job
+    text = (KIND_DIR / "run.sh").read_text()
+    assert script_setting("KUBERAY_NS") == "ray-system"
+    assert '--set security.kuberayNamespace="$KUBERAY_NS"' in text
+
+
+def test_isolation_is_checked_while_the_job_runs_with_the_operator_s_names() -> None:
+    steps = run_steps()
+    assert steps.index("apply_job") < steps.index("check_isolation") < steps.index("wait_for_success")
+    text = (KIND_DIR / "run.sh").read_text()
+    body = text[text.index("check_isolation() {") :]
+    body = body[: body.index("\n}\n")]
+    # the names the operator renders (a rename in the code must show up here)
+    assert f'"$JOB{token_secret_name("")}"' in body and f"{{.data.{TOKEN_SECRET_KEY}}}" in body
+    assert f'"{RLJOB_LABEL}=$JOB"' in body
+    probe = text[text.index("ray_probe() {") :]
+    assert f"--env={ENV_RAY_AUTH_MODE}={RAY_AUTH_MODE_TOKEN} --env={ENV_RAY_AUTH_TOKEN}=" in probe
+    # three probes: allowed with the token (the control), refused without it, refused from another namespace
+    probes = re.findall(r'ray_probe "\$(\w+)" "([^"]*)" "([^"]*)" job (\w+)', body)
+    assert probes == [
+        ("TEST_NS", f"{RLJOB_LABEL}=$JOB", "$token", "list"),
+        ("TEST_NS", f"{RLJOB_LABEL}=$JOB", "", "submit"),
+        ("OUTSIDER_NS", "", "$token", "submit"),
+    ]
+    assert script_setting("OUTSIDER_NS") not in (script_setting("TEST_NS"), script_setting("KUBERAY_NS"))

@@ -72,8 +72,10 @@ VALUE_SETS: dict[str, dict[str, Any] | None] = {
             "podLabels": {"team": "platform"},
             "podSecurityContext": {"runAsNonRoot": True, "runAsUser": 1001, "fsGroup": 1001},
             "readinessProbe": {"httpGet": {"path": "/healthz", "port": "health"}, "periodSeconds": 3},
+            "progressTimeoutSeconds": 120,
         },
         "rbac": {"aggregateToDefaultRoles": False},
+        "security": {"allowHostNetwork": True},
         "metrics": {"service": {"enabled": False}},
         "dashboards": {
             "namespace": "monitoring",
@@ -268,6 +270,13 @@ def test_customised_values_reach_the_deployment(rendered):
     assert deployment["spec"]["template"]["metadata"]["labels"]["team"] == "platform"
     assert not kinds(objects, "Service")
     assert not [sa for sa in kinds(objects, "ServiceAccount") if sa["metadata"]["name"] == "platform-operator"]
+
+
+def test_host_network_and_the_progress_timeout_reach_the_operator_s_flags(rendered):
+    default = operator_container(rendered["defaults"])["args"]
+    customised = operator_container(rendered["customised"])["args"]
+    assert "--allow-host-network" not in default and "--progress-timeout-seconds=900" in default
+    assert "--allow-host-network" in customised and "--progress-timeout-seconds=120" in customised
 
 
 # ---- RBAC ------------------------------------------------------------------------------------------------------

@@ -260,36 +260,6 @@ def test_a_running_job_that_fails_newer_rules_is_flagged_not_failed() -> None:
     assert valid["status"] == "False" and "not applied to the running job" in valid["message"]
 
 
-def test_resync_corrects_a_status_behind_its_rayjob_and_then_writes_nothing() -> None:
-    api = FakeApi()
-    reconcile.ensure(api, rljob(api))
-    api.objects[("rayjob", "job")]["status"] = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}
-    assert reconcile.resync(api, copy.deepcopy(api.objects[("rljob", "job")])) is True
-    assert api.objects[("rljob", "job")]["status"]["phase"] == "Running"
-    assert reconcile.resync(api, copy.deepcopy(api.objects[("rljob", "job")])) is False
-
-
-def test_resync_leaves_finished_and_not_yet_created_rljobs_alone() -> None:
-    api = FakeApi()
-    body = rljob(api)
-    assert reconcile.resync(api, body) is False  # no rayJobName yet: the create handler writes the status
-    body["status"] = {"phase": "Failed", "rayJobName": "job"}
-    assert reconcile.resync(api, body) is False
-    assert api.calls == []
-
-
-def test_resync_all_corrects_every_live_rljob_and_counts_the_writes() -> None:
-    api = FakeApi()
-    for name in ("a", "b", "c"):
-        reconcile.ensure(api, rljob(api, name))
-    reconcile.resync_all(api, [NS])
-    for name in ("a", "b"):
-        api.objects[("rayjob", name)]["status"] = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}
-    assert reconcile.resync_all(api, [NS]) == 2
-    assert [api.objects[("rljob", n)]["status"]["phase"] for n in "abc"] == ["Running", "Running", "Pending"]
-    assert reconcile.resync_all(api, [NS]) == 0
-
-
 def test_an_unrenderable_update_of_a_live_job_is_flagged_not_failed() -> None:
     api = FakeApi()
     body = rljob(api)

@@ -460,6 +460,17 @@ class PodSettings(SpecModel):
     )
 
 
+class PoolPodSettings(PodSettings):
+    """A worker pool's pod settings: the head's, plus host networking (never on the head: it serves the Ray API)."""
+
+    host_network: bool = Field(
+        False,
+        description="Run the pool's pods in the node's network namespace (dnsPolicy ClusterFirstWithHostNet) for "
+        "RDMA/RoCE fabrics a CNI does not expose; only where the chart's security.allowHostNetwork is true, and "
+        "outside the RLJob's NetworkPolicy (docs/security.md).",
+    )
+
+
 InterfaceName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[\^=]?[A-Za-z0-9_.,:\-]+$")]
 
 
@@ -499,7 +510,9 @@ class NodePool(SpecModel):
         default_factory=list, max_length=32, description="Tolerations for the pool's taints."
     )
     affinity: FreeForm | None = Field(None, description="A Kubernetes Affinity, passed through to the pods.")
-    pod: PodSettings = Field(default_factory=PodSettings, description="Labels, pull secrets, devices, scheduler.")
+    pod: PoolPodSettings = Field(
+        default_factory=PoolPodSettings, description="Labels, pull secrets, devices, scheduler, host networking."
+    )
 
 
 class HeadNode(SpecModel):

@@ -33,6 +33,7 @@ class ConditionType(StrEnum):
     FAILED = "Failed"
     CLUSTER_READY = "ClusterReady"  # False with the first cause that blocks the Ray cluster's pods (diagnosis.py)
     KUBERAY_SUPPORTED = "KubeRaySupported"  # False while the installed KubeRay is older than kuberl supports
+    PROGRESS_REPORTED = "ProgressReported"  # False while a Running job's trainer is silent (operator/ownership.py)
 
 
 class StatusModel(BaseModel):

@@ -57,6 +57,12 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         default=3.0,
         help="look this often at why waiting RLJobs' Ray clusters are not running (0 disables)",
     )
+    parser.add_argument(
+        "--progress-timeout-seconds",
+        type=float,
+        default=900.0,
+        help="warn (an Event) when a Running RLJob's trainer has not reported progress for this long (0 disables)",
+    )
     security = parser.add_argument_group("security (docs/security.md; the chart's security.* values)")
     security.add_argument(
         "--trainer-service-account", default=TRAINER_SERVICE_ACCOUNT, help="service account of the Ray pods"
@@ -84,6 +90,11 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
     )
     security.add_argument(
         "--monitoring-namespace", default=None, help="namespace allowed to scrape the Ray pods' metrics ports"
+    )
+    security.add_argument(
+        "--allow-host-network",
+        action="store_true",
+        help="let RLJobs run worker pools on the node's network (cluster.{trainer,rollout}.pod.hostNetwork)",
     )
     election = parser.add_argument_group("leader election (several replicas)")
     election.add_argument("--leader-elect", action="store_true", help="reconcile only while holding the Lease")
@@ -132,6 +143,7 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         max_workers=args.max_workers,
         resync_seconds=args.resync_seconds,
         diagnose_seconds=args.diagnose_seconds,
+        progress_timeout_seconds=args.progress_timeout_seconds,
         trust=Policy(
             trainer_service_account=args.trainer_service_account,
             allowed_service_accounts=tuple(args.allow_service_account),
@@ -140,6 +152,7 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
             fs_group=args.pod_fs_group,
             kuberay_namespace=args.kuberay_namespace,
             monitoring_namespace=args.monitoring_namespace,
+            allow_host_network=args.allow_host_network,
         ),
         lease=lease,
     )

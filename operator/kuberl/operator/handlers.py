@@ -4,6 +4,7 @@ RLJob create/resume → check KubeRay's version (kuberay_support.py), validate, 
                       RayJob, write status.
 RLJob spec update   → propagate runPolicy.suspend (and the template while no Ray cluster exists).
 RayJob event        → recompute the owning RLJob's status (phase, conditions, Events).
+A thread (ownership.py) → every resync period: restore a status someone else wrote, warn about silent trainers.
 RLJob event         → the `kuberl_operator_rljobs{phase}` gauge.
 A thread (clusterwatch.py) → ClusterReady=False with the cause that blocks a waiting RLJob's Ray cluster.
 No delete handler: the children carry controller owner references, the garbage collector removes them;
@@ -20,7 +21,7 @@ import kopf
 from kubernetes import client, config
 
 from kuberl.api.contract import GROUP, PLURAL, RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, RLJOB_LABEL, VERSION
-from kuberl.operator import clusterwatch, kuberay_support, metrics, reconcile
+from kuberl.operator import clusterwatch, kuberay_support, metrics, ownership, reconcile
 from kuberl.operator.settings import OperatorConfig, configure
 
 log = logging.getLogger("kuberl.operator")
@@ -55,7 +56,7 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         namespaces = None if cfg.all_namespaces else list(cfg.namespaces)
         thread = threading.Thread(
             target=_resync_loop,
-            args=(memo.api, namespaces, cfg.resync_seconds, memo.stop),
+            args=(memo.api, namespaces, cfg.resync_seconds, cfg.progress_timeout_seconds, memo.stop),
             name="kuberl-resync",
             daemon=True,
         )
@@ -75,12 +76,16 @@ def cleanup(memo: kopf.Memo, **_: Any) -> None:
         memo.stop.set()
 
 
-def _resync_loop(api: reconcile.Api, namespaces: list[str] | None, every: float, stop: threading.Event) -> None:
-    """Recompute every live RLJob's status from its RayJob now and then: a net for a missed watch event."""
+def _resync_loop(
+    api: reconcile.Api, namespaces: list[str] | None, every: float, progress_timeout: float, stop: threading.Event
+) -> None:
+    """Recompute every RLJob's status from its RayJob now and then (ownership.py): a net for a missed watch event,
+    a status another identity wrote, a trainer that does not report progress."""
+    post_event = clusterwatch.ClusterReads(api).post_event
     while not stop.wait(every):
         try:
             with metrics.reconciling("resync"):
-                writes = reconcile.resync_all(api, namespaces)
+                writes = ownership.resync_all(api, namespaces, progress_timeout=progress_timeout, post_event=post_event)
             if writes:
                 log.info("resync corrected %d RLJob statuses", writes)
         except Exception:  # keep the loop alive; the error is counted and logged

@@ -34,7 +34,7 @@ from kuberl.api.contract import (
     entrypoint,
     token_secret_name,
 )
-from kuberl.api.spec import HeadNode, NodePool, PodSettings, RLJobSpec, Toleration
+from kuberl.api.spec import HeadNode, NodePool, PodSettings, PoolPodSettings, RLJobSpec, Toleration
 from kuberl.api.validation import spec_to_wire
 from kuberl.operator.trust import Policy
 
@@ -274,6 +274,10 @@ def _pod_spec(
         pod["schedulerName"] = settings.scheduler_name
     if settings.runtime_class_name:
         pod["runtimeClassName"] = settings.runtime_class_name
+    if isinstance(settings, PoolPodSettings) and settings.host_network:
+        # the node's resolver would not know cluster names; the operator's trust check allowed it (trust.py)
+        pod["hostNetwork"] = True
+        pod["dnsPolicy"] = "ClusterFirstWithHostNet"
     if node_selector:
         pod["nodeSelector"] = dict(node_selector)
     if tolerations:

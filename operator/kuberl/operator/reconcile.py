@@ -533,7 +533,7 @@ def on_rayjob(api: Api, rayjob: dict[str, Any], *, deleted: bool = False) -> Non
     """A watched RayJob changed: recompute its owner's status.
 
     The RayJob from the watch event is used as is for the first attempt (deleted: None); the RLJob is read.
-    kopf does not retry event handlers: a write that fails here is redone by the next resync (`resync_all`).
+    kopf does not retry event handlers: a write that fails here is redone by the next resync (`ownership.resync_all`).
     """
     meta = rayjob.get("metadata") or {}
     owner = next(
@@ -542,27 +542,6 @@ def on_rayjob(api: Api, rayjob: dict[str, Any], *, deleted: bool = False) -> Non
     if owner is None:
         return
     sync_status(api, meta["namespace"], owner["name"], uid=owner["uid"], rayjob=None if deleted else rayjob)
-
-
-def resync(api: Api, rljob: dict[str, Any]) -> bool:
-    """Recompute one RLJob's status from its RayJob (a net for a missed or failed watch event); True if it changed."""
-    meta, status = rljob["metadata"], rljob.get("status") or {}
-    if status.get("phase") in TERMINAL_PHASES or meta.get("deletionTimestamp"):
-        return False
-    if not status.get("rayJobName"):
-        return False  # the create handler has not finished; it writes the status itself
-    after = sync_status(api, meta["namespace"], meta["name"], uid=meta["uid"])
-    return after is not None and after["metadata"]["resourceVersion"] != meta["resourceVersion"]
-
-
-def resync_all(api: Api, namespaces: list[str] | None) -> int:
-    """`resync` every RLJob of `namespaces` (None: the cluster's); returns how many statuses it corrected.
-
-    Run by the operator's resync thread, not a kopf timer: kopf puts a finalizer on every object a timer serves,
-    and deleting an RLJob must never wait for the operator.
-    """
-    scopes: list[str | None] = list(namespaces) if namespaces else [None]
-    return sum(resync(api, rljob) for ns in scopes for rljob in api.list_rljobs(ns))
 
 
 __all__ = [
@@ -574,8 +553,6 @@ __all__ = [
     "ensure_rayjob",
     "on_rayjob",
     "refuse",
-    "resync",
-    "resync_all",
     "sync_status",
     "write_status",
 ]

@@ -26,6 +26,7 @@ class OperatorConfig:
     max_workers: int = 16
     resync_seconds: float = 300.0
     diagnose_seconds: float = 3.0
+    progress_timeout_seconds: float = 900.0  # a Running job's trainer silent this long gets an Event (0: never)
     trust: Policy = dataclasses.field(default_factory=Policy)  # the chart's security.* values
     # leader election (leader.py): None runs standalone, as the only replica
     lease: LeaseConfig | None = None

@@ -31,6 +31,8 @@ class Policy:
     kuberay_namespace: str = "kuberay-system"
     # ... and who may scrape the metrics ports (None: no one outside the job).
     monitoring_namespace: str | None = None
+    # Pools on the node's network (pod.hostNetwork): outside every NetworkPolicy, so off unless the chart allows it.
+    allow_host_network: bool = False
 
     @property
     def volume_types(self) -> tuple[str, ...]:
@@ -58,4 +60,12 @@ def trust_issues(spec: RLJobSpec, policy: Policy) -> list[str]:
                 f"spec.cluster.volumes[{i}] ({volume.name}): volume type {', '.join(refused)} is not allowed; "
                 f"allowed: {', '.join(policy.volume_types)} (more only through the chart's security.allowedVolumeTypes)"
             )
+    if not policy.allow_host_network:
+        pools = [("trainer", spec.cluster.trainer), ("rollout", spec.cluster.rollout)]
+        for pool_name, pool in pools:
+            if pool is not None and pool.pod.host_network:
+                issues.append(
+                    f"spec.cluster.{pool_name}.pod.hostNetwork: host networking is not allowed (its pods would bypass "
+                    "the RLJob's NetworkPolicy); the chart's security.allowHostNetwork enables it"
+                )
     return issues
