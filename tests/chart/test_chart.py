@@ -104,6 +104,7 @@ OPERATOR = {
     ("kuberl.io", "rljobs/finalizers", "update"),
     *{("ray.io", "rayjobs", v) for v in ("get", "list", "watch", "create", "patch")},
     *{("", "configmaps", v) for v in ("get", "create", "patch")},
+    *{("", "persistentvolumeclaims", v) for v in ("get", "create")},
     *{("", "events", v) for v in ("create", "get", "list", "watch")},
     *{("", "pods", v) for v in ("get", "list", "watch")},  # read only: why a Ray cluster is not running
     *{("", "secrets", v) for v in ("get", "create")},

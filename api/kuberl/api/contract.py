@@ -47,6 +47,11 @@ SPEC_DIR = "/etc/kuberl"  # where every Ray pod mounts the `<name>-spec` ConfigM
 SPEC_FILE = "spec.json"  # the ConfigMap key holding the spec (camelCase JSON, defaults filled in)
 SPEC_PATH = f"{SPEC_DIR}/{SPEC_FILE}"  # the file the trainer reads
 
+# --- checkpoint storage --------------------------------------------------------------------------------------------
+
+CHECKPOINT_MOUNT = "/var/lib/kuberl/checkpoints"  # where the storage claim is mounted on the head and every worker;
+# a relative trainer.checkpointDir is resolved under it in the spec the pods read
+
 # --- environment of the Ray head pod (the driver runs there) -------------------------------------------------------
 
 ENV_REPORT_STATUS = "KUBERL_REPORT_STATUS"  # "1": the driver patches rljobs/status.progress (StatusReporter)
