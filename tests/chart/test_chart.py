@@ -114,6 +114,7 @@ TRAINER = {
     ("kuberl.io", "rljobs", "get"),
     ("kuberl.io", "rljobs/status", "get"),
     ("kuberl.io", "rljobs/status", "patch"),
+    ("", "events", "create"),
 }
 
 

@@ -56,6 +56,8 @@ CHECKPOINT_MOUNT = "/var/lib/kuberl/checkpoints"  # where the storage claim is m
 
 ENV_REPORT_STATUS = "KUBERL_REPORT_STATUS"  # "1": the driver patches rljobs/status.progress (StatusReporter)
 ENV_RLJOB_NAMESPACE = "KUBERL_RLJOB_NAMESPACE"  # the RLJob's namespace: the default of the trainer's --namespace
+ENV_RLJOB_UID = "KUBERL_RLJOB_UID"  # the RLJob's uid: recorded in checkpoints (another job's are not resumed) and
+# the involvedObject of the Events the trainer posts
 
 # --- Ray token authentication (Ray >= 2.52) -------------------------------------------------------------------------
 

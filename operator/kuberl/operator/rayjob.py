@@ -19,6 +19,7 @@ from kuberl.api.contract import (
     ENV_RAY_AUTH_TOKEN,
     ENV_REPORT_STATUS,
     ENV_RLJOB_NAMESPACE,
+    ENV_RLJOB_UID,
     HEAD_POOL,
     KIND,
     POOL_LABEL,
@@ -189,7 +190,7 @@ def render_rayjob(name: str, namespace: str, uid: str, spec: RLJobSpec, trust: P
         "suspend": policy.suspend,
         "rayClusterSpec": {
             "rayVersion": cluster.ray_version,
-            "headGroupSpec": _head_group(name, namespace, spec),
+            "headGroupSpec": _head_group(name, namespace, uid, spec),
             "workerGroupSpecs": workers,
         },
     }
@@ -358,7 +359,7 @@ def _ports(ports: tuple[tuple[str, int], ...]) -> list[dict[str, Any]]:
     return [{"name": n, "containerPort": p} for n, p in ports]
 
 
-def _head_group(name: str, namespace: str, spec: RLJobSpec) -> dict[str, Any]:
+def _head_group(name: str, namespace: str, uid: str, spec: RLJobSpec) -> dict[str, Any]:
     head: HeadNode = spec.cluster.head
     ports: tuple[tuple[str, int], ...] = HEAD_PORTS
     if spec.trainer.metrics_port:
@@ -368,7 +369,7 @@ def _head_group(name: str, namespace: str, spec: RLJobSpec) -> dict[str, Any]:
         "image": spec.cluster.image,
         "imagePullPolicy": spec.cluster.image_pull_policy,
         # the trainer's driver runs here and patches rljobs/status.progress (service account RBAC: docs/operator.md)
-        "env": _env(spec, extra=((ENV_REPORT_STATUS, "1"), (ENV_RLJOB_NAMESPACE, namespace))),
+        "env": _env(spec, extra=((ENV_REPORT_STATUS, "1"), (ENV_RLJOB_NAMESPACE, namespace), (ENV_RLJOB_UID, uid))),
         "resources": _resources(head.cpu, head.memory, head.pod, {}),
         "ports": _ports(ports),
         "volumeMounts": _mounts(spec),

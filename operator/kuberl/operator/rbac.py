@@ -35,6 +35,8 @@ OPERATOR_RULES: list[dict[str, Any]] = [
 RAY_POD_RULES: list[dict[str, Any]] = [
     # the trainer (driver on the Ray head) writes status.progress of its own RLJob
     {"apiGroups": ["kuberl.io"], "resources": ["rljobs/status"], "verbs": ["get", "patch"]},
+    # and posts Warning Events on it (a damaged checkpoint skipped on resume)
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
 
 

@@ -27,7 +27,13 @@ import torch
 from torch import Tensor
 
 from kuberl.api import RLJobSpec, parse_spec, plan_batches
-from kuberl.api.contract import ENV_RAY_AUTH_MODE, ENV_RAY_AUTH_TOKEN, ENV_RLJOB_NAMESPACE, TRAINER_MODULE
+from kuberl.api.contract import (
+    ENV_RAY_AUTH_MODE,
+    ENV_RAY_AUTH_TOKEN,
+    ENV_RLJOB_NAMESPACE,
+    ENV_RLJOB_UID,
+    TRAINER_MODULE,
+)
 from kuberl.api.status import Progress
 from kuberl.trainer import checkpoint as ckpt
 from kuberl.trainer.advantages import compute_advantages
@@ -293,8 +299,20 @@ class Trainer:
     def checkpoint_dir(self) -> Path:
         return Path(self.spec.trainer.checkpoint_dir)
 
+    @property
+    def checkpoint_identity(self) -> ckpt.Identity:
+        """What this run's checkpoints record and what auto-resume requires: the RLJob uid (the operator sets it) and
+        the hash of model/data/algorithm/batch."""
+        return ckpt.Identity(os.environ.get(ENV_RLJOB_UID) or None, ckpt.resume_fields_hash(self.spec))
+
     def resume(self) -> None:
-        folder = ckpt.resolve_resume(self.spec.trainer.resume, self.checkpoint_dir)
+        damaged: list[ckpt.Damaged] = []
+        folder = ckpt.resolve_resume(self.spec.trainer.resume, self.checkpoint_dir, self.checkpoint_identity, damaged)
+        for skipped in damaged:
+            message = f"checkpoint {skipped.folder} is damaged and was skipped: {skipped.reason}"
+            self.write(f"warning: {message}")
+            if self.reporter is not None:
+                self.reporter.event("CheckpointDamaged", message)
         if folder is None:
             return
         state = ckpt.read_state(folder)
@@ -309,8 +327,7 @@ class Trainer:
         self.write(f"resumed from {folder} at step {self.global_step}")
 
     def save_checkpoint(self) -> str:
-        folder = ckpt.step_dir(self.checkpoint_dir, self.global_step)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = ckpt.prepare(self.checkpoint_dir, self.global_step)
         self.actor.all("save_checkpoint", str(folder / "actor"))
         if self.critic is not None:
             self.critic.all("save_checkpoint", str(folder / "critic"))
@@ -325,6 +342,7 @@ class Trainer:
                 "total_steps": self.total_steps,
                 "trainer_ranks": self.dp,
             },
+            self.checkpoint_identity,
         )
         ckpt.mark_latest(self.checkpoint_dir, folder)
         ckpt.rotate(self.checkpoint_dir, self.spec.trainer.max_checkpoints)
