@@ -214,6 +214,26 @@ STORAGE_RULES: tuple[Rule, ...] = (
     ),
 )
 
+# spec fields a running trainer cannot honour: what it trains (model, data, reward), where its checkpoints are and
+# the pools its Ray cluster was built with
+RUN_FIELDS = ("model", "data", "reward", "storage")
+RUN_RULES: tuple[Rule, ...] = (
+    Rule(
+        id="run-fields-immutable-while-active",
+        field="spec",
+        rule="!has(oldSelf.status) || !has(oldSelf.status.phase) || !(oldSelf.status.phase in ACTIVE_PHASES) || ("
+        + " && ".join(f"self.spec.{f} == oldSelf.spec.{f}" for f in RUN_FIELDS)
+        + " && self.spec.cluster.trainer == oldSelf.spec.cluster.trainer"
+        " && has(self.spec.cluster.rollout) == has(oldSelf.spec.cluster.rollout)"
+        " && (!has(self.spec.cluster.rollout) || self.spec.cluster.rollout == oldSelf.spec.cluster.rollout))",
+        message="spec.model, data, reward, storage, cluster.trainer and cluster.rollout cannot change while the job is "
+        "${oldSelf.status.phase}: the running trainer and its pods would not follow; suspend it first "
+        "(runPolicy.suspend: true)",
+        verl="ours",
+        scope="root",
+    ),
+)
+
 POD_RULES = frozenset(rule.id for rule in STORAGE_RULES)
 """Rules about the pods of a RayJob: the apiserver, the operator and `kuberl validate` apply them; a trainer on
 one machine (`kuberl run`) has one filesystem and skips them."""
@@ -563,4 +583,5 @@ RULES: tuple[Rule, ...] = (
         scope="root",
     ),
     *STORAGE_RULES,
+    *RUN_RULES,
 )
