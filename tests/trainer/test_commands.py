@@ -181,7 +181,8 @@ def test_export_of_a_truncated_checkpoint_is_a_message(tmp_path, capsys):
     model = folder / "actor" / "model" / "__0_0.distcp"
     model.write_bytes(model.read_bytes()[:1000])
     assert main(["export", str(folder), str(tmp_path / "out")]) == 1
-    assert "error: cannot export" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    err = capsys.readouterr().err
+    assert "error: cannot export" in err and "truncated" in err and not (tmp_path / "out").exists()
 
 
 def write_metrics(run_dir: Path, records: list[dict]) -> None:

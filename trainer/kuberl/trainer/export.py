@@ -70,6 +70,9 @@ def export_checkpoint(
     target = Path(out).expanduser()
     if target.exists() and not force:
         raise ExportError(f"{target} exists; pass --force to replace it")
+    damage = ckpt.verify(checkpoint)
+    if damage is not None:
+        raise ExportError(f"cannot export {checkpoint}: it is damaged ({damage}); export an earlier checkpoint")
     actor = checkpoint / "actor"
     state = ckpt.load_full_model_state(actor)
     lora = json.loads((actor / "lora.json").read_text()) if (actor / "lora.json").exists() else {}
