@@ -233,8 +233,17 @@ class KubeRayRunner:
             return "LOST" if attempt.head.poll() is not None else "RUNNING"
 
     def _mount_volumes(self, entrypoint: str, pod: dict[str, Any], container: dict[str, Any], workdir: Path) -> str:
-        """Write ConfigMap volumes into the job's folder and point the entrypoint's paths at them."""
+        """Write ConfigMap volumes into the job's folder and point the entrypoint's paths at them. A claim is one
+        folder per claim under the runner's root, shared by every attempt (as a PersistentVolume outlives pods);
+        its mount path is rewritten in the ConfigMaps' contents (the spec's checkpointDir)."""
         volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        claims: dict[str, str] = {}
+        for mount in container.get("volumeMounts", []):
+            claim = volumes[mount["name"]].get("persistentVolumeClaim")
+            if claim:
+                local = self.pod_root / ".claims" / claim["claimName"]  # no RLJob name starts with "."
+                local.mkdir(parents=True, exist_ok=True)
+                claims[mount["mountPath"]] = str(local)
         for mount in container.get("volumeMounts", []):
             source = volumes[mount["name"]].get("configMap")
             if not source:
@@ -243,6 +252,8 @@ class KubeRayRunner:
             local.mkdir(parents=True, exist_ok=True)
             data = self.core.read_namespaced_config_map(source["name"], self.namespace).data or {}
             for key, value in data.items():
+                for mount_path, claim_dir in claims.items():
+                    value = value.replace(mount_path, claim_dir)
                 (local / key).write_text(value)
             entrypoint = entrypoint.replace(mount["mountPath"], str(local))
         return entrypoint

@@ -31,6 +31,7 @@ TRAINER_IMAGE=kuberl/trainer:dev   # also named in tiny-cpu.patch.yaml
 EXAMPLE=examples/tiny-cpu.yaml
 PATCH=e2e/kind/tiny-cpu.patch.yaml
 DATA_CONFIGMAP=tiny-cpu-data       # also named in tiny-cpu.patch.yaml
+CHECKPOINT_CLAIM=tiny-cpu-checkpoints  # also named in tiny-cpu.patch.yaml (storage.claimName)
 
 keep=false
 reuse=false
@@ -160,6 +161,15 @@ apply_job() {
   k -n "$TEST_NS" create configmap "$DATA_CONFIGMAP" --from-file=examples/data/digits-train.parquet \
     --from-file=examples/data/digits-val.parquet --dry-run=client -o yaml \
     | k apply --server-side --force-conflicts -f -
+  # kind's local-path provisioner offers ReadWriteOnce only; on its one node every Ray pod can mount it
+  k -n "$TEST_NS" apply -f - <<YAML
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: $CHECKPOINT_CLAIM}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+YAML
   patched -o yaml >"$ARTIFACTS/tiny-cpu.yaml"
   JOB=$(patched -o jsonpath='{.metadata.name}')
   TOTAL=$(patched -o jsonpath='{.spec.trainer.totalSteps}')

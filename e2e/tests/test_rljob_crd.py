@@ -180,3 +180,29 @@ def test_kuberl_validate_and_the_apiserver_give_the_same_verdict(
         if ok != server[name][0]
     ]
     assert not disagreements, f"{len(disagreements)} of {len(docs)} disagree:\n" + "\n".join(disagreements[:40])
+
+
+def test_a_model_path_edit_of_a_running_job_is_refused(cluster: Cluster, rljob_crd: dict, dry_run_namespace: str):
+    """The transition rule `run-fields-immutable-while-active`, on a stored RLJob whose status says Running."""
+    from kuberl.api import API_VERSION, PLURAL
+    from tests.api.cases import BASE
+
+    doc = copy.deepcopy(BASE)
+    doc["metadata"] = {"name": f"running-{uuid.uuid4().hex[:6]}"}
+    path = f"/apis/{API_VERSION}/namespaces/{dry_run_namespace}/{PLURAL}"
+    status, body = cluster.request("POST", path, doc)
+    assert status == 201, body
+    stored = json.loads(body)
+    stored["status"] = {"phase": "Running"}
+    item = f"{path}/{doc['metadata']['name']}"
+    status, body = cluster.request("PUT", f"{item}/status", stored)
+    assert status == 200, body
+    running = json.loads(body)
+    running["spec"]["model"]["path"] = "/models/other"
+    status, body = cluster.request("PUT", item, running)
+    assert status == 422, body
+    assert "cannot change while the job is Running" in json.loads(body)["message"]
+    running["spec"]["model"]["path"] = BASE["spec"]["model"]["path"]
+    running["spec"]["trainer"] = {"totalEpochs": 3}  # not a run field: allowed
+    status, body = cluster.request("PUT", item, running)
+    assert status == 200, body

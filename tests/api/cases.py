@@ -359,6 +359,35 @@ INVALID_CASES: list[InvalidCase] = [
     _case(
         "name-too-long-for-kuberay-" + "x" * 30, "metadata.name", "name-fits-kuberay", lambda doc: None, "47 characters"
     ),
+    # checkpoint storage
+    _case(
+        "storage-claim-name-and-template",
+        "spec.storage",
+        "storage-one-source",
+        _set("spec.storage", {"claimName": "rl-checkpoints", "claim": {"size": "1Gi"}}),
+        "exclusive",
+    ),
+    _case(
+        "storage-claim-read-write-once",
+        "spec.storage.claim.accessMode",
+        "claim-shared-by-pods",
+        _set("spec.storage", {"claim": {"accessMode": "ReadWriteOnce"}}),
+        "2 pods",
+    ),
+    _case(
+        "checkpoint-dir-off-the-claim",
+        "spec.trainer.checkpointDir",
+        "checkpoint-dir-on-claim",
+        _set("spec.trainer.checkpointDir", "/tmp/checkpoints"),
+        "use a relative path",
+    ),
+    _case(
+        "checkpoints-without-storage",
+        "spec.trainer.checkpointDir",
+        "checkpoints-survive-pods",
+        _set("spec.storage", {}),
+        "set storage.claim",
+    ),
     # ranges, enums, types and unknown fields (schema)
     _case(
         "gpu-memory-utilization-zero",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+
 from kuberl.api import RLJobSpec, parse_spec, plan_batches, validate_document
 from kuberl.api.validation import InvalidSpec
 from tests.api.cases import BASE
@@ -53,6 +55,38 @@ def test_batch_fields_are_immutable_while_running() -> None:
     issues = validate_document(new, old=old)
     assert [i.rule for i in issues] == ["batch-algorithm-immutable-while-active"]
     assert "while the job is Running" in issues[0].message
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("model.path", "/models/other"),
+        ("data.trainFiles", ["/data/other.parquet"]),
+        ("reward.function", "gsm8k"),
+        ("storage", {"claimName": "elsewhere"}),
+        ("cluster.trainer.nodes", 2),
+        ("cluster.rollout", {"nodes": 1}),
+    ],
+)
+def test_run_fields_are_immutable_while_running(path: str, value: object) -> None:
+    old = copy.deepcopy(BASE)
+    old["status"] = {"phase": "Running"}
+    new = copy.deepcopy(old)
+    *parents, last = path.split(".")
+    node = new["spec"]
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[last] = value
+    issues = [i for i in validate_document(new, old=old) if i.rule == "run-fields-immutable-while-active"]
+    assert len(issues) == 1 and "suspend it first" in issues[0].message
+
+
+def test_run_fields_may_change_while_suspended() -> None:
+    old = copy.deepcopy(BASE)
+    old["status"] = {"phase": "Suspended"}
+    new = copy.deepcopy(old)
+    new["spec"]["model"]["path"] = "/models/other"
+    assert validate_document(new, old=old) == []
 
 
 def test_batch_fields_may_change_while_suspended() -> None:

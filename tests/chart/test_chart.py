@@ -106,6 +106,7 @@ OPERATOR = {
     ("kuberl.io", "rljobs/finalizers", "update"),
     *{("ray.io", "rayjobs", v) for v in ("get", "list", "watch", "create", "patch")},
     *{("", "configmaps", v) for v in ("get", "create", "patch")},
+    *{("", "persistentvolumeclaims", v) for v in ("get", "create")},
     *{("", "events", v) for v in ("create", "get", "list", "watch")},
     *{("", "pods", v) for v in ("get", "list", "watch")},  # read only: why a Ray cluster is not running
     *{("", "secrets", v) for v in ("get", "create")},
@@ -115,6 +116,7 @@ TRAINER = {
     ("kuberl.io", "rljobs", "get"),
     ("kuberl.io", "rljobs/status", "get"),
     ("kuberl.io", "rljobs/status", "patch"),
+    ("", "events", "create"),
 }
 
 

@@ -9,11 +9,14 @@ import pytest
 
 from e2e.operator.kuberay_rules import kuberay_checks, rayjob_schema_errors
 from kuberl.api import load_rljob
+from kuberl.api.contract import CHECKPOINT_MOUNT
 from kuberl.api.spec import RLJobSpec
 from kuberl.operator.rayjob import (
     NCCL_ENV,
     RenderError,
     configmap_name,
+    pod_view,
+    render_checkpoint_claim,
     render_configmap,
     render_rayjob,
     spec_hash,
@@ -261,7 +264,8 @@ def test_configmap_holds_the_defaulted_spec_as_json() -> None:
     data = json.loads(cm["data"]["spec.json"])
     assert data["batch"]["trainBatchSize"] == 64
     assert data["rollout"]["engine"] == "vllm"  # a default, filled in
-    assert RLJobSpec.model_validate(data) == spec
+    assert RLJobSpec.model_validate(data) == pod_view(spec)
+    assert data["trainer"]["checkpointDir"] == f"{CHECKPOINT_MOUNT}/checkpoints"  # relative: resolved on the claim
 
 
 def test_spec_hash_is_stable_and_tracks_changes() -> None:
@@ -404,3 +408,73 @@ def test_a_queued_rayjob_meets_what_kueues_rayjob_webhook_requires() -> None:
     assert len(spec["rayClusterSpec"]["workerGroupSpecs"]) <= 6
     for group in spec["rayClusterSpec"]["workerGroupSpecs"]:
         assert group["replicas"] == group["minReplicas"] == group["maxReplicas"]  # a fixed size Kueue can admit
+
+
+# --- checkpoint storage ------------------------------------------------------------
+
+
+def pods_of(rayjob: dict) -> list[dict]:
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    return [g["template"]["spec"] for g in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]]
+
+
+def test_the_default_claim_is_created_kept_and_mounted_at_one_path_on_every_pod() -> None:
+    spec = spec_of(base_spec())
+    claim = render_checkpoint_claim("j", "ns", UID, spec)
+    assert claim is not None and claim["metadata"]["name"] == "j-checkpoints"
+    assert "ownerReferences" not in claim["metadata"]  # retention Retain: the claim outlives the RLJob
+    assert claim["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "50Gi"}}}
+    for pod in pods_of(render_rayjob("j", "ns", UID, spec)):
+        assert {"name": "kuberl-checkpoints", "persistentVolumeClaim": {"claimName": "j-checkpoints"}} in pod["volumes"]
+        (container,) = pod["containers"]
+        assert {"name": "kuberl-checkpoints", "mountPath": CHECKPOINT_MOUNT} in container["volumeMounts"]
+
+
+def test_retention_delete_makes_the_rljob_own_the_claim() -> None:
+    doc = {**base_spec(), "storage": {"claim": {"size": "5Gi", "storageClassName": "nfs"}, "retention": "Delete"}}
+    claim = render_checkpoint_claim("j", "ns", UID, spec_of(doc))
+    assert claim is not None
+    assert claim["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert claim["spec"]["storageClassName"] == "nfs"
+
+
+def test_an_existing_claim_is_mounted_and_nothing_is_created() -> None:
+    spec = spec_of({**base_spec(), "storage": {"claimName": "rl-checkpoints"}})
+    assert render_checkpoint_claim("j", "ns", UID, spec) is None
+    for pod in pods_of(render_rayjob("j", "ns", UID, spec)):
+        assert {"name": "kuberl-checkpoints", "persistentVolumeClaim": {"claimName": "rl-checkpoints"}} in pod[
+            "volumes"
+        ]
+
+
+def test_without_storage_no_claim_is_mounted_and_the_checkpoint_dir_is_kept() -> None:
+    doc = {**base_spec(), "storage": {}, "trainer": {"checkpointDir": "/data/ckpt"}}
+    spec = spec_of(doc)
+    assert render_checkpoint_claim("j", "ns", UID, spec) is None
+    assert json.loads(render_configmap("j", "ns", UID, spec)["data"]["spec.json"])["trainer"]["checkpointDir"] == (
+        "/data/ckpt"
+    )
+    for pod in pods_of(render_rayjob("j", "ns", UID, spec)):
+        assert all(v["name"] != "kuberl-checkpoints" for v in pod["volumes"])
+
+
+def test_a_user_mount_on_the_checkpoint_path_is_refused() -> None:
+    doc = base_spec(
+        volumes=[{"name": "x", "persistentVolumeClaim": {"claimName": "x"}}],
+        volumeMounts=[{"name": "x", "mountPath": CHECKPOINT_MOUNT}],
+    )
+    with pytest.raises(RenderError, match="the checkpoint claim"):
+        render_rayjob("j", "ns", UID, spec_of(doc))
+
+
+def test_checkpoints_on_an_empty_dir_are_refused() -> None:
+    doc = {
+        **base_spec(
+            volumes=[{"name": "scratch", "emptyDir": {}}],
+            volumeMounts=[{"name": "scratch", "mountPath": "/scratch"}],
+        ),
+        "storage": {},
+        "trainer": {"checkpointDir": "/scratch/ckpt"},
+    }
+    with pytest.raises(RenderError, match="emptyDir volume scratch"):
+        render_rayjob("j", "ns", UID, spec_of(doc))

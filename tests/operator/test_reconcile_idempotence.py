@@ -109,6 +109,14 @@ class FakeApi:
     def get_networkpolicy(self, namespace: str, name: str):
         return self._get("networkpolicy", name)
 
+    def get_claim(self, namespace: str, name: str):
+        self.calls.append("get claim")
+        return self._get("claim", name)
+
+    def create_claim(self, namespace: str, body: dict[str, Any]):
+        self.calls.append("create claim")
+        return self._create("claim", body)
+
 
 def rljob(api: FakeApi, name: str = "job", **spec_changes: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
@@ -134,6 +142,7 @@ def test_ensure_twice_creates_one_of_each_and_writes_status_once() -> None:
     reconcile.ensure(api, body)
     reconcile.ensure(api, api.objects[("rljob", "job")])
     assert sorted(k for k in api.objects) == [
+        ("claim", "job-checkpoints"),
         ("configmap", "job-spec"),
         ("networkpolicy", "job-ray"),
         ("rayjob", "job"),
@@ -208,6 +217,25 @@ def test_a_child_left_by_a_deleted_rljob_of_the_same_name_is_waited_for() -> Non
     new = rljob(api)
     with pytest.raises(kopf.TemporaryError, match="garbage collector"):
         reconcile.ensure(api, new)
+
+
+def test_a_kept_checkpoint_claim_is_reused_by_a_new_rljob_of_the_same_name() -> None:
+    api = FakeApi()
+    reconcile.ensure(api, rljob(api))
+    claim = api.objects[("claim", "job-checkpoints")]
+    owned = [k for k in api.objects if k != ("claim", "job-checkpoints")]
+    for key in owned:
+        del api.objects[key]  # the RLJob deleted, its owned children collected; the claim (Retain) stays
+    reconcile.ensure(api, rljob(api))
+    assert api.objects[("claim", "job-checkpoints")] is claim
+    assert ("rayjob", "job") in api.objects
+
+
+def test_a_foreign_claim_with_the_checkpoint_claims_name_is_refused() -> None:
+    api = FakeApi()
+    api._create("claim", {"metadata": {"name": "job-checkpoints", "namespace": NS, "labels": {}}})
+    with pytest.raises(kopf.PermanentError, match=r"storage\.claimName"):
+        reconcile.ensure(api, rljob(api))
 
 
 def test_a_child_owned_by_nobody_is_refused() -> None:

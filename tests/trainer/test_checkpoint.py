@@ -1,23 +1,30 @@
-"""Checkpoints: rotation, the latest marker, resume resolution, and loading with a different rank count."""
+"""Checkpoints: atomic sealed writes, verified resume with fallback, identity, rotation, any rank count."""
 
-import json
 import multiprocessing
 import os
+import random
+import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from kuberl.trainer import checkpoint as ckpt
 
 TINY = "tiny://llama?hidden=32&layers=2&heads=2&kv_heads=1&seed=3"
+REPO = Path(__file__).resolve().parents[2]
 
 
-def make_checkpoint(root: Path, step: int) -> Path:
-    folder = ckpt.step_dir(root, step)
-    folder.mkdir(parents=True)
-    ckpt.write_state(folder, {"step": step})
+def make_checkpoint(root: Path, step: int, identity: ckpt.Identity | None = None, size: int = 4096) -> Path:
+    """A sealed checkpoint with a model file of ``size`` bytes (what a driver does after the workers saved)."""
+    folder = ckpt.prepare(root, step)
+    ckpt.write_atomic(folder / "actor" / "model" / "__0_0.distcp", lambda f: f.write(os.urandom(size)))
+    ckpt.write_state(folder, {"step": step}, identity)
     ckpt.mark_latest(root, folder)
     return folder
 
@@ -27,7 +34,7 @@ def test_rotation_keeps_the_newest_max_checkpoints(tmp_path):
         make_checkpoint(tmp_path, step)
         ckpt.rotate(tmp_path, 2)
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [6, 8]
-    assert ckpt.find_latest(tmp_path) == tmp_path / "global_step_8"
+    assert ckpt.resolve_resume("auto", tmp_path) == tmp_path / "global_step_8"
 
 
 def test_rotation_is_off_without_max_checkpoints(tmp_path):
@@ -37,17 +44,51 @@ def test_rotation_is_off_without_max_checkpoints(tmp_path):
     assert len(ckpt.list_checkpoints(tmp_path)) == 3
 
 
-def test_incomplete_checkpoints_are_ignored(tmp_path):
+def test_rotation_never_deletes_the_newest_verified_checkpoint(tmp_path):
     make_checkpoint(tmp_path, 1)
-    (tmp_path / "global_step_2" / "actor").mkdir(parents=True)  # crashed while saving: no trainer_state.json
-    assert ckpt.find_latest(tmp_path) == tmp_path / "global_step_1"
+    make_checkpoint(tmp_path, 2)
+    newest = make_checkpoint(tmp_path, 3)
+    (newest / "actor" / "model" / "__0_0.distcp").write_bytes(b"torn")
+    ckpt.rotate(tmp_path, 1)
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [2, 3]
+    assert ckpt.resolve_resume("auto", tmp_path) == tmp_path / "global_step_2"
 
 
-def test_latest_falls_back_to_the_highest_complete_step(tmp_path):
+def test_the_manifest_lists_every_file_with_size_and_hash(tmp_path):
+    folder = make_checkpoint(tmp_path, 5, size=1000)
+    files = ckpt.read_manifest(folder)["files"]
+    assert sorted(files) == ["actor/model/__0_0.distcp", "driver_rng.pt", "trainer_state.json"]
+    assert files["actor/model/__0_0.distcp"]["size"] == 1000
+    assert not list(tmp_path.rglob("*.partial"))
+    assert ckpt.verify(folder) is None
+
+
+def test_incomplete_checkpoints_are_removed_on_resume(tmp_path):
+    make_checkpoint(tmp_path, 1)
+    (tmp_path / "global_step_2" / "actor").mkdir(parents=True)  # crashed while saving: no manifest.json
+    assert ckpt.resolve_resume("auto", tmp_path) == tmp_path / "global_step_1"
+    assert not (tmp_path / "global_step_2").exists()
+
+
+def test_a_truncated_model_file_falls_back_to_the_previous_checkpoint(tmp_path):
     make_checkpoint(tmp_path, 3)
-    make_checkpoint(tmp_path, 5)
-    (tmp_path / "latest").write_text("global_step_9\n")
-    assert ckpt.find_latest(tmp_path) == tmp_path / "global_step_5"
+    newest = make_checkpoint(tmp_path, 5)
+    model_file = newest / "actor" / "model" / "__0_0.distcp"
+    with open(model_file, "r+b") as f:
+        f.truncate(100)
+    damaged: list[ckpt.Damaged] = []
+    assert ckpt.resolve_resume("auto", tmp_path, damaged=damaged) == tmp_path / "global_step_3"
+    assert [d.folder for d in damaged] == [newest]
+    assert "100 bytes" in damaged[0].reason and "truncated" in damaged[0].reason
+
+
+def test_a_flipped_byte_is_detected_by_the_hash(tmp_path):
+    folder = make_checkpoint(tmp_path, 3)
+    model_file = folder / "actor" / "model" / "__0_0.distcp"
+    data = bytearray(model_file.read_bytes())
+    data[10] ^= 0xFF
+    model_file.write_bytes(bytes(data))
+    assert "sha256" in (ckpt.verify(folder) or "")
 
 
 def test_resume_modes(tmp_path):
@@ -58,18 +99,86 @@ def test_resume_modes(tmp_path):
     assert ckpt.resolve_resume("auto", tmp_path / "empty") is None
 
 
-def test_resume_from_a_path_must_name_a_complete_global_step_folder(tmp_path):
+def test_resume_from_a_path_must_name_a_complete_verified_global_step_folder(tmp_path):
     with pytest.raises(ValueError, match="global_step_N"):
         ckpt.resolve_resume(str(tmp_path), tmp_path)
     with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
         ckpt.resolve_resume(str(tmp_path / "global_step_7"), tmp_path)
+    folder = make_checkpoint(tmp_path, 8)
+    (folder / "trainer_state.json").unlink()
+    with pytest.raises(ValueError, match=r"damaged.*missing"):
+        ckpt.resolve_resume(str(folder), tmp_path)
 
 
-def test_rng_state_round_trips():
-    state = ckpt.rng_state()
-    expected = torch.rand(3)
-    ckpt.set_rng_state(state)
-    assert torch.equal(torch.rand(3), expected)
+def test_another_jobs_checkpoints_are_refused(tmp_path):
+    make_checkpoint(tmp_path, 2, ckpt.Identity(uid="uid-a", spec_hash="h"))
+    with pytest.raises(ckpt.CheckpointMismatch, match=r"another RLJob .*uid-a.*trainer\.resume"):
+        ckpt.resolve_resume("auto", tmp_path, ckpt.Identity(uid="uid-b", spec_hash="h"))
+    assert ckpt.resolve_resume("auto", tmp_path, ckpt.Identity(uid="uid-a", spec_hash="h")) is not None
+
+
+def test_a_changed_spec_is_refused_unless_resume_names_the_path(tmp_path):
+    folder = make_checkpoint(tmp_path, 2, ckpt.Identity(uid=None, spec_hash="old"))
+    with pytest.raises(ckpt.CheckpointMismatch, match=r"different spec\.model/data/algorithm/batch"):
+        ckpt.resolve_resume("auto", tmp_path, ckpt.Identity(uid=None, spec_hash="new"))
+    assert ckpt.resolve_resume(str(folder), tmp_path, ckpt.Identity(uid=None, spec_hash="new")) == folder
+
+
+def test_the_resume_hash_covers_model_data_algorithm_batch_only():
+    from kuberl.api.spec import RLJobSpec
+
+    base = {"model": {"path": TINY}, "data": {"trainFiles": ["a.parquet"]}, "reward": {"function": "default"}}
+    spec = RLJobSpec.model_validate(base)
+    more_steps = RLJobSpec.model_validate({**base, "trainer": {"totalSteps": 99}})
+    other_model = RLJobSpec.model_validate({**base, "model": {"path": TINY + "&x=1"}})
+    assert ckpt.resume_fields_hash(spec) == ckpt.resume_fields_hash(more_steps)
+    assert ckpt.resume_fields_hash(spec) != ckpt.resume_fields_hash(other_model)
+
+
+WRITER = """
+import sys, time
+from pathlib import Path
+from kuberl.trainer import checkpoint as ckpt
+root, step = Path(sys.argv[1]), int(sys.argv[2])
+folder = ckpt.prepare(root, step)
+def slow(f):
+    for _ in range(10_000):
+        f.write(b"x" * 65536)
+        f.flush()
+        time.sleep(0.001)
+print("writing", flush=True)
+ckpt.write_atomic(folder / "actor" / "model" / "__0_0.distcp", slow)
+ckpt.write_state(folder, {"step": step})
+ckpt.mark_latest(root, folder)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_kill_9_during_a_checkpoint_write_resumes_from_the_previous_complete_one(tmp_path):
+    previous = make_checkpoint(tmp_path, 4)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path), "6"], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "writing"
+    partial = tmp_path / "global_step_6" / "actor" / "model" / "__0_0.distcp.partial"
+    deadline = time.monotonic() + 60
+    while not (partial.exists() and partial.stat().st_size > 1 << 20):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert (tmp_path / "global_step_6").exists()
+    assert ckpt.resolve_resume("auto", tmp_path) == previous
+    assert not (tmp_path / "global_step_6").exists()
+
+
+def test_rng_state_round_trips_through_a_weights_only_file(tmp_path):
+    ckpt.save_rng(tmp_path / "rng.pt")
+    expected = (torch.rand(3), random.random(), np.random.rand())
+    ckpt.load_rng(tmp_path / "rng.pt")
+    assert torch.equal(torch.rand(3), expected[0])
+    assert random.random() == expected[1] and np.random.rand() == expected[2]
 
 
 # --- rank-count independence ---------------------------------------------------------------------------------
@@ -114,8 +223,13 @@ def save_with_ranks(rank: int, world: int, port: int, folder: str, out: str) -> 
     scheduler.step()
     ckpt.save_sharded(folder, rank=rank, model=model, optimizer=optimizer, scheduler=scheduler)
     full = dict(fsdp.full_named_parameters(model))
+    exp_avg = {
+        name: fsdp.full_tensor(optimizer.state[p]["exp_avg"]).clone()
+        for name, p in model.named_parameters()
+        if p in optimizer.state
+    }
     if rank == 0:
-        torch.save({"params": full, "lr": optimizer.param_groups[0]["lr"]}, out)
+        torch.save({"params": full, "lr": optimizer.param_groups[0]["lr"], "exp_avg": exp_avg}, out)
     dist.destroy_process_group()
 
 
@@ -152,14 +266,17 @@ def test_a_checkpoint_saved_by_two_ranks_loads_into_one(tmp_path):
     folder = tmp_path / "global_step_1" / "actor"
     saved, loaded = str(tmp_path / "saved.pt"), str(tmp_path / "loaded.pt")
     spawn(save_with_ranks, 2, str(folder), saved)
-    assert sorted(os.listdir(folder)) == ["model.pt", "optim.pt", "rng_rank0.pt", "rng_rank1.pt", "scheduler.pt"]
+    assert sorted(os.listdir(folder)) == ["model", "optim", "rng_rank0.pt", "rng_rank1.pt", "scheduler.json"]
+    assert sorted(os.listdir(folder / "model")) == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # one shard per rank
     spawn(load_and_step, 1, str(folder), loaded)
     before, after = torch.load(saved), torch.load(loaded)
     assert before["params"].keys() == after["params"].keys()
     for name in before["params"]:
         torch.testing.assert_close(after["params"][name], before["params"][name], rtol=0, atol=0)
     assert after["lr"] == pytest.approx(before["lr"])
-    optim = torch.load(folder / "optim.pt", weights_only=False)
     assert any(torch.count_nonzero(v) for v in after["exp_avg"].values())
-    assert json.dumps(sorted(optim["state"]))  # keyed by parameter names, not rank-local indices
-    assert all(isinstance(k, str) for k in optim["state"])
+    for name, value in after["exp_avg"].items():
+        torch.testing.assert_close(value, before["exp_avg"][name], rtol=0, atol=0)
+    export = ckpt.load_full_model_state(folder)
+    for name in before["params"]:
+        torch.testing.assert_close(export[name], before["params"][name], rtol=0, atol=0)

@@ -78,6 +78,8 @@ def test_stats_prints_the_length_report(tmp_path, capsys):
 
 
 def make_checkpoint(root: Path) -> tuple[Path, dict]:
+    import torch.distributed.checkpoint as dcp
+
     from kuberl.trainer import checkpoint as ckpt
     from kuberl.trainer.models import load_causal_lm, load_tokenizer
 
@@ -86,7 +88,7 @@ def make_checkpoint(root: Path) -> tuple[Path, dict]:
     actor = folder / "actor"
     (actor / "hf").mkdir(parents=True)
     state = {k: v.clone() + 0.5 for k, v in model.state_dict().items()}
-    torch.save(state, actor / "model.pt")
+    dcp.save(state, checkpoint_id=actor / "model", no_dist=True)
     (actor / "lora.json").write_text("{}")
     model.config.save_pretrained(actor / "hf")
     load_tokenizer(TINY).save_pretrained(actor / "hf")
@@ -164,7 +166,7 @@ def test_export_refuses_a_folder_without_checkpoints(tmp_path, capsys):
 
 def test_export_refuses_an_incomplete_checkpoint(tmp_path, capsys):
     folder, _ = make_checkpoint(tmp_path / "ckpt")
-    (folder / "trainer_state.json").unlink()
+    (folder / "manifest.json").unlink()  # the manifest is written last: without it the save was cut off
     assert main(["export", str(folder), str(tmp_path / "out")]) == 1
     assert "incomplete checkpoint" in capsys.readouterr().err
 
@@ -176,10 +178,11 @@ def test_export_of_a_missing_folder_is_a_message(tmp_path, capsys):
 
 def test_export_of_a_truncated_checkpoint_is_a_message(tmp_path, capsys):
     folder, _ = make_checkpoint(tmp_path / "ckpt")
-    model = folder / "actor" / "model.pt"
+    model = folder / "actor" / "model" / "__0_0.distcp"
     model.write_bytes(model.read_bytes()[:1000])
     assert main(["export", str(folder), str(tmp_path / "out")]) == 1
-    assert "error: cannot export" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    err = capsys.readouterr().err
+    assert "error: cannot export" in err and "truncated" in err and not (tmp_path / "out").exists()
 
 
 def write_metrics(run_dir: Path, records: list[dict]) -> None:

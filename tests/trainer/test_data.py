@@ -108,6 +108,12 @@ def test_prompts_carry_source_ground_truth_extra_info_index_and_raw_chat() -> No
     assert prompt.raw_prompt == [{"role": "user", "content": "x"}]
 
 
+@pytest.mark.parametrize(("value", "text"), [(0, "0"), (0.0, "0.0"), (-3, "-3"), ("0", "0"), (False, "False")])
+def test_numeric_ground_truths_keep_their_string_form(value: Any, text: str) -> None:
+    prompt = PromptDataset([row(ground_truth=value)], TOKENIZER, max_prompt_length=100, filter_overlong=False)[0]
+    assert prompt.ground_truth == text
+
+
 def test_overlong_prompts_are_filtered_and_counted_keeping_row_indices() -> None:
     template = len(
         TOKENIZER.apply_chat_template([{"role": "user", "content": ""}], add_generation_prompt=True, tokenize=False)

@@ -1,5 +1,6 @@
 """GRPO and PPO (GAE with a critic) run end to end with 2 FSDP2 ranks on gloo, on an embedded local Ray."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,9 @@ def test_ppo_with_a_critic_runs_on_two_fsdp_ranks(tmp_path, local_ray):
             "timing_s/update_critic",
         ):
             assert key in r, key
-    assert (tmp_path / "ckpt" / "global_step_2" / "critic" / "model.pt").exists()
+    critic = tmp_path / "ckpt" / "global_step_2" / "critic"
+    assert sorted(p.name for p in (critic / "model").glob("__*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert "critic/model/__1_0.distcp" in json.loads((critic.parent / "manifest.json").read_text())["files"]
 
 
 @pytest.mark.timeout(300)

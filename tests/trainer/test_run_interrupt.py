@@ -1,4 +1,5 @@
-"""Ctrl-C: the run finishes the current step, saves a checkpoint there and exits with 130; resume continues."""
+"""SIGINT (Ctrl-C) and SIGTERM (Kubernetes, Ray): the run finishes the current step, saves a checkpoint there and
+exits with 128 + the signal (130, 143); resume continues."""
 
 import json
 import os
@@ -16,7 +17,8 @@ TINY = "tiny://llama?hidden=32&layers=1&heads=2&kv_heads=1&seed=0"
 
 
 @pytest.mark.timeout(400)
-def test_sigint_saves_a_checkpoint_at_the_step_boundary_and_exits_130(tmp_path):
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stop_signal_saves_a_checkpoint_at_the_step_boundary_and_exits_128_plus_it(tmp_path, signum, code):
     doc = {
         "apiVersion": "kuberl.io/v1alpha1",
         "kind": "RLJob",
@@ -75,12 +77,12 @@ def test_sigint_saves_a_checkpoint_at_the_step_boundary_and_exits_130(tmp_path):
         while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
             assert proc.poll() is None, proc.stdout.read()
             time.sleep(0.5)
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, signum)
         output, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, output[-3000:]
+    assert proc.returncode == code, output[-3000:]
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     latest = (tmp_path / "ckpt" / "latest").read_text().strip()
     assert latest == f"global_step_{steps[-1]}"

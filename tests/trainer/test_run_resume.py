@@ -4,6 +4,7 @@ This needs every piece of state a checkpoint holds: model, optimizer, scheduler,
 KL controller and each rank's RNG (rollout sampling).
 """
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -76,14 +77,14 @@ def test_resumed_run_matches_a_straight_run(tmp_path, local_ray):
         def stop_after_three(prompts):
             metrics = original(prompts)
             if trainer.global_step == 2:  # global_step counts completed steps; this is step 3
-                trainer.stop_requested = True
+                trainer._on_stop_signal(signal.SIGINT, None)
             return metrics
 
         trainer.train_step = stop_after_three
         assert trainer.fit() == run_module.EXIT_INTERRUPTED
     finally:
         trainer.shutdown()
-    assert (tmp_path / "resumed-ckpt" / "global_step_3" / "trainer_state.json").exists()
+    assert (tmp_path / "resumed-ckpt" / "global_step_3" / "manifest.json").exists()
     # … and a new run resumes from its checkpoint (resume: auto) for steps 4-6
     assert run_job("resumed", parse_spec(resumed), run_dir=str(tmp_path / "resumed"), show_progress=False) == 0
 

@@ -48,4 +48,4 @@ def test_one_grpo_step_with_smollm2(tmp_path):
     assert math.isfinite(record["actor/grad_norm"]) and math.isfinite(record["actor/pg_loss"])
     assert record["actor/kl_loss"] == pytest.approx(0.0, abs=1e-3)  # the first step's policy is the reference
     assert record["prompt_length/mean"] > 20  # the real chat template and tokenizer were applied
-    assert (tmp_path / "ckpt" / "global_step_1" / "actor" / "model.pt").exists()
+    assert (tmp_path / "ckpt" / "global_step_1" / "actor" / "model" / ".metadata").exists()

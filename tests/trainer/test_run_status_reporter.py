@@ -58,3 +58,41 @@ def test_reporting_is_off_outside_the_cluster(monkeypatch):
     assert StatusReporter.from_env("tiny", "team") is None
     monkeypatch.delenv("KUBERL_REPORT_STATUS")
     assert StatusReporter.from_env("tiny", "team") is None
+
+
+class FakeCore:
+    def __init__(self, fail: bool = False) -> None:
+        self.events: list[tuple[str, dict]] = []
+        self.fail = fail
+
+    def create_namespaced_event(self, namespace, body):
+        if self.fail:
+            raise RuntimeError("forbidden")
+        self.events.append((namespace, body))
+
+
+def test_a_warning_event_names_the_rljob_by_uid(monkeypatch):
+    monkeypatch.setenv("KUBERL_RLJOB_UID", "uid-1")
+    core = FakeCore()
+    reporter = StatusReporter("job", "team-a", api=FakeApi(), core=core)
+    assert reporter.event("CheckpointDamaged", "global_step_4 truncated")
+    ((namespace, body),) = core.events
+    assert namespace == "team-a"
+    assert body["involvedObject"] == {
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
+        "name": "job",
+        "namespace": "team-a",
+        "uid": "uid-1",
+    }
+    assert (body["type"], body["reason"], body["message"]) == (
+        "Warning",
+        "CheckpointDamaged",
+        "global_step_4 truncated",
+    )
+
+
+def test_a_failed_event_is_logged_not_raised(monkeypatch, caplog):
+    monkeypatch.setenv("KUBERL_RLJOB_UID", "uid-1")
+    assert not StatusReporter("job", "ns", api=FakeApi(), core=FakeCore(fail=True)).event("R", "m")
+    assert "forbidden" in caplog.text

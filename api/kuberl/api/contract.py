@@ -47,10 +47,17 @@ SPEC_DIR = "/etc/kuberl"  # where every Ray pod mounts the `<name>-spec` ConfigM
 SPEC_FILE = "spec.json"  # the ConfigMap key holding the spec (camelCase JSON, defaults filled in)
 SPEC_PATH = f"{SPEC_DIR}/{SPEC_FILE}"  # the file the trainer reads
 
+# --- checkpoint storage --------------------------------------------------------------------------------------------
+
+CHECKPOINT_MOUNT = "/var/lib/kuberl/checkpoints"  # where the storage claim is mounted on the head and every worker;
+# a relative trainer.checkpointDir is resolved under it in the spec the pods read
+
 # --- environment of the Ray head pod (the driver runs there) -------------------------------------------------------
 
 ENV_REPORT_STATUS = "KUBERL_REPORT_STATUS"  # "1": the driver patches rljobs/status.progress (StatusReporter)
 ENV_RLJOB_NAMESPACE = "KUBERL_RLJOB_NAMESPACE"  # the RLJob's namespace: the default of the trainer's --namespace
+ENV_RLJOB_UID = "KUBERL_RLJOB_UID"  # the RLJob's uid: recorded in checkpoints (another job's are not resumed) and
+# the involvedObject of the Events the trainer posts
 
 # --- Ray token authentication (Ray >= 2.52) -------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from kuberl.api import yaml12
 from kuberl.api.batching import BatchPlan, plan_batches
 from kuberl.api.contract import API_VERSION, GROUP, KIND
 from kuberl.api.overrides import apply_overrides
+from kuberl.api.rules import POD_RULES
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.validation import InvalidSpec, Issue, validate_document
 
@@ -79,10 +80,13 @@ def check(source: str, doc: Any) -> Checked:
     return result
 
 
-def load_rljob(path: str | Path, overrides: list[str] | None = None) -> tuple[str, RLJobSpec]:
+def load_rljob(
+    path: str | Path, overrides: list[str] | None = None, *, one_machine: bool = False
+) -> tuple[str, RLJobSpec]:
     """The single RLJob of `path` (name, spec) with `--set` overrides applied, or InvalidSpec with every issue.
 
-    Documents of other kinds in the file are ignored, as `kuberl validate` skips them.
+    Documents of other kinds in the file are ignored, as `kuberl validate` skips them. `one_machine` (`kuberl run`)
+    skips the rules about Kubernetes pods (POD_RULES): one machine has one filesystem.
     """
     docs = [(source, doc) for source, doc in load_documents(path) if not is_other_kind(doc)]
     if len(docs) != 1:
@@ -91,6 +95,9 @@ def load_rljob(path: str | Path, overrides: list[str] | None = None) -> tuple[st
     if overrides:
         doc = apply_overrides(doc, overrides)
     checked = check(source, doc)
-    if not checked.valid:
-        raise InvalidSpec(checked.issues, source)
+    issues = checked.issues
+    if one_machine:
+        issues = [i for i in issues if i.rule not in POD_RULES]
+    if issues:
+        raise InvalidSpec(issues, source)
     return checked.name, RLJobSpec.model_validate(doc["spec"])

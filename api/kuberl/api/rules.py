@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
 
+from kuberl.api.contract import CHECKPOINT_MOUNT
 from kuberl.api.status import ACTIVE_PHASES
 
 MACROS: dict[str, str] = {
@@ -33,6 +34,13 @@ MACROS: dict[str, str] = {
     "ACTIVE_PHASES": "[" + ", ".join(f"'{p}'" for p in sorted(ACTIVE_PHASES)) + "]",
     # environment variable names that hold credentials (matched case-insensitively, anywhere in the name)
     "CREDENTIAL_NAME": "'(?i)(PASSWORD|PASSWD|SECRET|TOKEN|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL)'",
+    # checkpoint storage: pods of the RayJob (the head, the trainer pool, a separate rollout pool)
+    "PODS": (
+        "(1 + self.cluster.trainer.nodes + (self.rollout.placement == 'separate' && has(self.cluster.rollout)"
+        " ? self.cluster.rollout.nodes : 0))"
+    ),
+    "ON_CLAIM": "(has(self.storage.claimName) || has(self.storage.claim))",
+    "CKPT_DIR": "self.trainer.checkpointDir",
 }
 
 # The literal env values of one RLJob, all together: with every other field bounded by its schema, the spec stays
@@ -165,6 +173,70 @@ def data_files_rule(field: str) -> Rule:
         verl="ours",
     )
 
+
+STORAGE_RULES: tuple[Rule, ...] = (
+    Rule(
+        id="storage-one-source",
+        field="storage",
+        rule="!(has(self.storage.claimName) && has(self.storage.claim))",
+        message="storage.claimName and storage.claim are exclusive: name an existing claim or give a template for "
+        "the operator to create, not both",
+        verl="ours",
+    ),
+    Rule(
+        id="claim-shared-by-pods",
+        field="storage.claim.accessMode",
+        rule="!has(self.storage.claim) || PODS <= 1 || self.storage.claim.accessMode == 'ReadWriteMany'",
+        message="storage.claim.accessMode = ${self.storage.claim.accessMode} but ${PODS} pods (the Ray head and "
+        "every worker) write checkpoints: use ReadWriteMany (and a storage class that offers it)",
+        verl="ours",
+    ),
+    Rule(
+        id="checkpoint-dir-on-claim",
+        field="trainer.checkpointDir",
+        rule=f"!ON_CLAIM || !CKPT_DIR.startsWith('/') || CKPT_DIR == '{CHECKPOINT_MOUNT}'"
+        f" || CKPT_DIR.startsWith('{CHECKPOINT_MOUNT}/')",
+        message=f"trainer.checkpointDir = ${{CKPT_DIR}} is outside the checkpoint claim mounted at {CHECKPOINT_MOUNT}: "
+        "use a relative path (it is resolved on the claim)",
+        verl="ours",
+    ),
+    Rule(
+        id="checkpoints-survive-pods",
+        field="trainer.checkpointDir",
+        rule="ON_CLAIM || (PODS <= 1 && self.runPolicy.backoffLimit == 0) || (CKPT_DIR.startsWith('/')"
+        " && self.cluster.volumeMounts.exists(m, !m.readOnly"
+        " && (CKPT_DIR == m.mountPath || CKPT_DIR.startsWith(m.mountPath + '/'))))",
+        message="trainer.checkpointDir = ${CKPT_DIR} is on no volume every pod mounts, so checkpoints die with the "
+        "pod (${PODS} pods, runPolicy.backoffLimit = ${self.runPolicy.backoffLimit}): set storage.claim (a claim "
+        "the operator creates) or storage.claimName, or mount a shared writable volume there (cluster.volumes, "
+        "cluster.volumeMounts)",
+        verl="ours",
+    ),
+)
+
+# spec fields a running trainer cannot honour: what it trains (model, data, reward), where its checkpoints are and
+# the pools its Ray cluster was built with
+RUN_FIELDS = ("model", "data", "reward", "storage")
+RUN_RULES: tuple[Rule, ...] = (
+    Rule(
+        id="run-fields-immutable-while-active",
+        field="spec",
+        rule="!has(oldSelf.status) || !has(oldSelf.status.phase) || !(oldSelf.status.phase in ACTIVE_PHASES) || ("
+        + " && ".join(f"self.spec.{f} == oldSelf.spec.{f}" for f in RUN_FIELDS)
+        + " && self.spec.cluster.trainer == oldSelf.spec.cluster.trainer"
+        " && has(self.spec.cluster.rollout) == has(oldSelf.spec.cluster.rollout)"
+        " && (!has(self.spec.cluster.rollout) || self.spec.cluster.rollout == oldSelf.spec.cluster.rollout))",
+        message="spec.model, data, reward, storage, cluster.trainer and cluster.rollout cannot change while the job is "
+        "${oldSelf.status.phase}: the running trainer and its pods would not follow; suspend it first "
+        "(runPolicy.suspend: true)",
+        verl="ours",
+        scope="root",
+    ),
+)
+
+POD_RULES = frozenset(rule.id for rule in STORAGE_RULES)
+"""Rules about the pods of a RayJob: the apiserver, the operator and `kuberl validate` apply them; a trainer on
+one machine (`kuberl run`) has one filesystem and skips them."""
 
 RULES: tuple[Rule, ...] = (
     Rule(
@@ -510,4 +582,6 @@ RULES: tuple[Rule, ...] = (
         verl="ours",
         scope="root",
     ),
+    *STORAGE_RULES,
+    *RUN_RULES,
 )

@@ -365,10 +365,11 @@ class Trainer(SpecModel):
         None, ge=1, le=100_000_000, description="Stop after this many steps (overrides epochs)."
     )
     save_freq: int = Field(
-        -1,
+        20,
         ge=-1,
         le=100_000_000,
-        description="Checkpoint every N steps and at the last step; -1 only at the last step.",
+        description="Checkpoint every N steps and at the last step; -1 only at the last step. Default 20: a lost "
+        "pod costs at most 20 steps (verl's -1 would lose the whole run).",
     )
     test_freq: int = Field(
         -1,
@@ -380,7 +381,11 @@ class Trainer(SpecModel):
     max_checkpoints: int | None = Field(
         None, ge=1, le=10000, description="Keep at most this many checkpoints (oldest removed)."
     )
-    checkpoint_dir: PathStr = Field("checkpoints", description="Where checkpoints go; on Kubernetes, a mounted volume.")
+    checkpoint_dir: PathStr = Field(
+        "checkpoints",
+        description="Where checkpoints go. On Kubernetes a relative path lies on the storage claim (under "
+        "/var/lib/kuberl/checkpoints); without storage it must be an absolute path on a mounted volume.",
+    )
     resume: PathStr = Field(
         "auto", description='"auto" (latest in checkpointDir), "disable", or a path to a global_step_N folder.'
     )
@@ -587,6 +592,35 @@ class RunPolicy(SpecModel):
     )
 
 
+# --- checkpoint storage --------------------------------------------------------------
+
+
+class ClaimTemplate(SpecModel):
+    size: Quantity = Field("50Gi", description="Requested capacity of the claim the operator creates.")
+    storage_class_name: Annotated[str, Field(max_length=253)] | None = Field(
+        None, description="StorageClass of the claim (the cluster's default when unset)."
+    )
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"] = Field(
+        "ReadWriteMany",
+        description="Access mode; ReadWriteMany is required when more than one pod writes (every RayJob: head and "
+        "workers).",
+    )
+
+
+class CheckpointStorage(SpecModel):
+    claim_name: Annotated[str, Field(min_length=1, max_length=253)] | None = Field(
+        None, description="An existing PersistentVolumeClaim to keep checkpoints on (instead of claim)."
+    )
+    claim: ClaimTemplate | None = Field(
+        None, description="A claim the operator creates, named <name>-checkpoints (instead of claimName)."
+    )
+    retention: Literal["Retain", "Delete"] = Field(
+        "Retain",
+        description="Retain: a created claim outlives the RLJob (the trained model is never garbage-collected with "
+        "it); Delete: the claim is owned by the RLJob and deleted with it.",
+    )
+
+
 class RLJobSpec(SpecModel):
     model: Model = Field(description="The policy model.")
     algorithm: Algorithm = Field(default_factory=Algorithm, description="Advantage estimator, PPO clipping, KL.")
@@ -597,5 +631,11 @@ class RLJobSpec(SpecModel):
     actor: Actor = Field(default_factory=Actor, description="Actor optimisation.")
     critic: Critic | None = Field(None, description="Value model; required by advantageEstimator gae.")
     trainer: Trainer = Field(default_factory=Trainer, description="Steps, checkpoints, validation, logging.")
+    storage: CheckpointStorage = Field(
+        default_factory=lambda: CheckpointStorage(claim=ClaimTemplate()),
+        description="Where checkpoints live: a claim mounted at /var/lib/kuberl/checkpoints on the head and every "
+        "worker. Default: a 50Gi ReadWriteMany claim the operator creates and keeps. {} to use cluster.volumes "
+        "instead.",
+    )
     cluster: Cluster = Field(default_factory=Cluster, description="Pods, GPUs and node pools.")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Suspend, retries and deadlines.")

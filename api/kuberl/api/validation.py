@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from kuberl.api import celfuncs
 from kuberl.api.contract import API_VERSION, KIND
-from kuberl.api.rules import RULES, Rule
+from kuberl.api.rules import POD_RULES, RULES, Rule
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.verl import suggestion_for
 
@@ -123,9 +123,10 @@ def _unwrap(annotation: Any) -> Any:
 
 
 def parse_spec(spec: dict[str, Any], source: str = "RLJob") -> RLJobSpec:
-    """Validate a spec dict (camelCase) against schema and rules; raise InvalidSpec listing every issue."""
+    """Validate a spec dict (camelCase) against schema and rules, except those about Kubernetes pods (POD_RULES:
+    the trainer may run on one machine); raise InvalidSpec listing every issue."""
     document = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "x"}, "spec": spec}
-    issues = [i for i in validate_document(document) if not i.field.startswith("metadata")]
+    issues = [i for i in validate_document(document) if not i.field.startswith("metadata") and i.rule not in POD_RULES]
     if issues:
         raise InvalidSpec(issues, source)
     return RLJobSpec.model_validate(spec)

@@ -248,7 +248,12 @@ VERL_KEYS: list[VerlKey] = [
     _key("trainer.save_freq", "trainer.saveFreq", "in steps, not epochs"),
     _key("trainer.test_freq", "trainer.testFreq", "in steps, not epochs"),
     _key("trainer.val_before_train", "trainer.valBeforeTrain"),
-    _key("trainer.default_local_dir", "trainer.checkpointDir"),
+    _key(
+        "trainer.default_local_dir",
+        None,
+        "a path on one machine; checkpoints live on spec.storage (a claim every pod mounts) and "
+        "trainer.checkpointDir is a relative path on it",
+    ),
     _key(
         "trainer.resume_mode",
         "trainer.resume",

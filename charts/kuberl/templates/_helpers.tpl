@@ -125,6 +125,10 @@ app.kubernetes.io/component: operator
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "create"]
+# the checkpoint claim <name>-checkpoints of storage.claim
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get", "create"]
 # Events on RLJobs; read: the Warning Events on Ray clusters and pods (why a cluster is not running)
 - apiGroups: [""]
   resources: ["events"]

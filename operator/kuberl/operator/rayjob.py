@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 from typing import Any
 
 from kuberl.api.contract import (
     API_VERSION,
+    CHECKPOINT_MOUNT,
     ENV_RAY_AUTH_MODE,
     ENV_RAY_AUTH_TOKEN,
     ENV_REPORT_STATUS,
     ENV_RLJOB_NAMESPACE,
+    ENV_RLJOB_UID,
     HEAD_POOL,
     KIND,
     POOL_LABEL,
@@ -41,8 +44,10 @@ from kuberl.operator.trust import Policy
 SPEC_VOLUME = "kuberl-spec"
 SHM_VOLUME = "kuberl-dshm"
 SHM_PATH = "/dev/shm"
-RESERVED_VOLUMES = (SPEC_VOLUME, SHM_VOLUME)
-RESERVED_MOUNT_PATHS = (SPEC_DIR, SHM_PATH)
+CHECKPOINT_VOLUME = "kuberl-checkpoints"
+RESERVED_VOLUMES = (SPEC_VOLUME, SHM_VOLUME, CHECKPOINT_VOLUME)
+RESERVED_MOUNT_PURPOSE = {SPEC_DIR: "the spec", SHM_PATH: "shared memory", CHECKPOINT_MOUNT: "the checkpoint claim"}
+RESERVED_MOUNT_PATHS = tuple(RESERVED_MOUNT_PURPOSE)
 
 # Ports KubeRay would add by default (constant.go), declared so that Services and PodMonitors can name them.
 HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001), ("metrics", 8080))
@@ -65,8 +70,52 @@ class RenderError(ValueError):
 
 
 def spec_json(spec: RLJobSpec) -> str:
-    """The spec as the trainer reads it from /etc/kuberl/spec.json: camelCase, defaults filled in."""
-    return json.dumps(spec_to_wire(spec), indent=2, sort_keys=True)
+    """The spec as the trainer reads it from /etc/kuberl/spec.json: camelCase, defaults filled in, a relative
+    checkpointDir resolved on the checkpoint claim."""
+    return json.dumps(spec_to_wire(pod_view(spec)), indent=2, sort_keys=True)
+
+
+def pod_view(spec: RLJobSpec) -> RLJobSpec:
+    """The spec as seen inside the pods: with a storage claim, a relative trainer.checkpointDir lies under
+    CHECKPOINT_MOUNT (the API's `checkpoint-dir-on-claim` rule keeps absolute ones there already)."""
+    directory = spec.trainer.checkpoint_dir
+    if claim_name_of(spec) is None or posixpath.isabs(directory):
+        return spec
+    trainer = spec.trainer.model_copy(update={"checkpoint_dir": posixpath.join(CHECKPOINT_MOUNT, directory)})
+    return spec.model_copy(update={"trainer": trainer})
+
+
+def checkpoint_claim_name(name: str) -> str:
+    return f"{name}-checkpoints"
+
+
+def claim_name_of(spec: RLJobSpec, name: str = "") -> str | None:
+    """The claim the checkpoints live on: storage.claimName, the created `<name>-checkpoints`, or None."""
+    if spec.storage.claim_name:
+        return spec.storage.claim_name
+    return checkpoint_claim_name(name) if spec.storage.claim is not None else None
+
+
+def render_checkpoint_claim(name: str, namespace: str, uid: str, spec: RLJobSpec) -> dict[str, Any] | None:
+    """The PersistentVolumeClaim `<name>-checkpoints` of storage.claim (None without one). Owned by the RLJob only
+    with retention Delete: with Retain (the default) it outlives the job, so a trained model is never collected."""
+    template = spec.storage.claim
+    if template is None:
+        return None
+    claim_spec: dict[str, Any] = {
+        "accessModes": [template.access_mode],
+        "resources": {"requests": {"storage": template.size}},
+    }
+    if template.storage_class_name:
+        claim_spec["storageClassName"] = template.storage_class_name
+    metadata: dict[str, Any] = {
+        "name": checkpoint_claim_name(name),
+        "namespace": namespace,
+        "labels": common_labels(name, "checkpoints"),
+    }
+    if spec.storage.retention == "Delete":
+        metadata["ownerReferences"] = [owner_reference(name, uid)]
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": claim_spec}
 
 
 def spec_hash(spec: RLJobSpec) -> str:
@@ -141,7 +190,7 @@ def render_rayjob(name: str, namespace: str, uid: str, spec: RLJobSpec, trust: P
         "suspend": policy.suspend,
         "rayClusterSpec": {
             "rayVersion": cluster.ray_version,
-            "headGroupSpec": _head_group(name, namespace, spec),
+            "headGroupSpec": _head_group(name, namespace, uid, spec),
             "workerGroupSpecs": workers,
         },
     }
@@ -176,12 +225,29 @@ def _check_reserved(spec: RLJobSpec) -> None:
                 f"cluster.volumes: the name {volume.name!r} is used by the operator; rename the volume "
                 f"(reserved: {', '.join(RESERVED_VOLUMES)})"
             )
+    _check_checkpoint_volume(spec)
     for mount in spec.cluster.volume_mounts:
         path = mount.mount_path.rstrip("/") or "/"
         if path in RESERVED_MOUNT_PATHS:
             raise RenderError(
                 f"cluster.volumeMounts: {mount.name} is mounted at {mount.mount_path}, where the operator mounts "
-                f"{'the spec' if path == SPEC_DIR else 'shared memory'}; choose another mountPath"
+                f"{RESERVED_MOUNT_PURPOSE[path]}; choose another mountPath"
+            )
+
+
+def _check_checkpoint_volume(spec: RLJobSpec) -> None:
+    """Without a storage claim, checkpointDir lies on a user volume (the API's `checkpoints-survive-pods` rule);
+    refuse one that is pod-local. Here and not in the rule: volume sources are free-form, typeless to CEL."""
+    if claim_name_of(spec) is not None:
+        return
+    directory = spec.trainer.checkpoint_dir
+    local = {v.name for v in spec.cluster.volumes if (v.model_extra or {}).get("emptyDir") is not None}
+    for mount in spec.cluster.volume_mounts:
+        root = mount.mount_path.rstrip("/")
+        if mount.name in local and (directory == root or directory.startswith(root + "/")):
+            raise RenderError(
+                f"trainer.checkpointDir {directory} is on the emptyDir volume {mount.name}, which dies with its pod: "
+                "set storage.claim or storage.claimName, or mount a persistent volume there"
             )
 
 
@@ -212,11 +278,15 @@ def _network_env(spec: RLJobSpec) -> list[tuple[str, str]]:
     return env
 
 
-def _volumes(name: str, shm_size: str) -> list[dict[str, Any]]:
-    return [
+def _volumes(name: str, shm_size: str, spec: RLJobSpec) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = [
         {"name": SPEC_VOLUME, "configMap": {"name": configmap_name(name)}},
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}},
     ]
+    claim = claim_name_of(spec, name)
+    if claim is not None:
+        volumes.append({"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": claim}})
+    return volumes
 
 
 def _user_volumes(spec: RLJobSpec) -> list[dict[str, Any]]:
@@ -228,6 +298,8 @@ def _mounts(spec: RLJobSpec) -> list[dict[str, Any]]:
         {"name": SPEC_VOLUME, "mountPath": SPEC_DIR, "readOnly": True},
         {"name": SHM_VOLUME, "mountPath": SHM_PATH},
     ]
+    if claim_name_of(spec) is not None:  # one path on the head and every worker: the driver and all ranks agree
+        mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_MOUNT})
     for m in spec.cluster.volume_mounts:
         mount: dict[str, Any] = {"name": m.name, "mountPath": m.mount_path}
         if m.read_only:
@@ -291,7 +363,7 @@ def _ports(ports: tuple[tuple[str, int], ...]) -> list[dict[str, Any]]:
     return [{"name": n, "containerPort": p} for n, p in ports]
 
 
-def _head_group(name: str, namespace: str, spec: RLJobSpec) -> dict[str, Any]:
+def _head_group(name: str, namespace: str, uid: str, spec: RLJobSpec) -> dict[str, Any]:
     head: HeadNode = spec.cluster.head
     ports: tuple[tuple[str, int], ...] = HEAD_PORTS
     if spec.trainer.metrics_port:
@@ -301,7 +373,7 @@ def _head_group(name: str, namespace: str, spec: RLJobSpec) -> dict[str, Any]:
         "image": spec.cluster.image,
         "imagePullPolicy": spec.cluster.image_pull_policy,
         # the trainer's driver runs here and patches rljobs/status.progress (service account RBAC: docs/operator.md)
-        "env": _env(spec, extra=((ENV_REPORT_STATUS, "1"), (ENV_RLJOB_NAMESPACE, namespace))),
+        "env": _env(spec, extra=((ENV_REPORT_STATUS, "1"), (ENV_RLJOB_NAMESPACE, namespace), (ENV_RLJOB_UID, uid))),
         "resources": _resources(head.cpu, head.memory, head.pod, {}),
         "ports": _ports(ports),
         "volumeMounts": _mounts(spec),
@@ -313,7 +385,7 @@ def _head_group(name: str, namespace: str, spec: RLJobSpec) -> dict[str, Any]:
             "metadata": _pod_metadata({**common_labels(name, "ray-head"), POOL_LABEL: HEAD_POOL}, head.pod),
             "spec": _pod_spec(
                 [container],
-                _volumes(name, head.memory) + _user_volumes(spec),
+                _volumes(name, head.memory, spec) + _user_volumes(spec),
                 spec,
                 head.node_selector,
                 head.tolerations,
@@ -348,7 +420,7 @@ def _worker_group(group: str, pool: NodePool, name: str, spec: RLJobSpec) -> dic
             "metadata": _pod_metadata({**common_labels(name, f"ray-{group}"), POOL_LABEL: group}, pool.pod),
             "spec": _pod_spec(
                 [container],
-                _volumes(name, pool.shared_memory) + _user_volumes(spec),
+                _volumes(name, pool.shared_memory, spec) + _user_volumes(spec),
                 spec,
                 pool.node_selector,
                 pool.tolerations,

@@ -24,6 +24,8 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
     # the NetworkPolicy `<name>-ray` that admits only the job's pods, KubeRay and the monitoring namespace
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "create"]},
+    # the checkpoint claim `<name>-checkpoints` of storage.claim
+    {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "create"]},
     # Events on RLJobs (kopf posts core/v1 Events); read: the Warning Events on Ray clusters and pods (diagnosis)
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "get", "list", "watch"]},
     # why a Ray cluster is not running: its pods' scheduling and container states (diagnosis), read only
@@ -33,6 +35,8 @@ OPERATOR_RULES: list[dict[str, Any]] = [
 RAY_POD_RULES: list[dict[str, Any]] = [
     # the trainer (driver on the Ray head) writes status.progress of its own RLJob
     {"apiGroups": ["kuberl.io"], "resources": ["rljobs/status"], "verbs": ["get", "patch"]},
+    # and posts Warning Events on it (a damaged checkpoint skipped on resume)
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
 
 

@@ -29,6 +29,7 @@ from kuberl.api.contract import (
     RAY_GROUP,
     RAY_VERSION,
     RAYJOB_PLURAL,
+    RLJOB_LABEL,
     SPEC_HASH_ANNOTATION,
     VERSION,
     timestamp,
@@ -41,6 +42,7 @@ from kuberl.operator.rayjob import (
     RenderError,
     configmap_name,
     rayjob_update_ops,
+    render_checkpoint_claim,
     render_configmap,
     render_networkpolicy,
     render_rayjob,
@@ -142,6 +144,15 @@ class Api:
 
     def patch_configmap(self, namespace: str, name: str, body: dict[str, Any]) -> None:
         self.core.patch_namespaced_config_map(name, namespace, body)
+
+    # PersistentVolumeClaims (checkpoint storage)
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return _none_on_404(lambda: self._plain(self.core.read_namespaced_persistent_volume_claim(name, namespace)))
+
+    def create_claim(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._plain(
+            self.core.create_namespaced_persistent_volume_claim(namespace, cast(client.V1PersistentVolumeClaim, body))
+        )
 
     def _plain(self, model: object) -> dict[str, Any]:
         return _obj(self.client.sanitize_for_serialization(model))
@@ -262,6 +273,30 @@ def ensure_security_children(api: Api, name: str, networkpolicy: dict[str, Any],
         lambda: api.get_networkpolicy(namespace, meta["name"]),
         uid,
     )
+
+
+def ensure_claim(api: Api, desired: dict[str, Any] | None) -> None:
+    """The checkpoint claim `<name>-checkpoints`, created if missing. One left by an earlier RLJob of the same
+    name (retention Retain) is reused: its checkpoints carry that job's uid, and the trainer refuses to resume
+    from them unless trainer.resume names one."""
+    if desired is None:
+        return
+    namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
+    try:
+        api.create_claim(namespace, desired)
+        return
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    existing = api.get_claim(namespace, name)
+    if existing is None:
+        raise kopf.TemporaryError(f"PersistentVolumeClaim {name} vanished after a conflict; retrying", delay=1)
+    rljob = desired["metadata"]["labels"][RLJOB_LABEL]
+    if (existing["metadata"].get("labels") or {}).get(RLJOB_LABEL) != rljob:
+        raise kopf.PermanentError(
+            f"PersistentVolumeClaim {name} already exists and was not created for RLJob {rljob}; name it in "
+            "storage.claimName to keep checkpoints there, or delete it"
+        )
 
 
 def ensure_rayjob(api: Api, desired: dict[str, Any], uid: str) -> tuple[dict[str, Any], bool]:
@@ -421,9 +456,10 @@ Refusal = Callable[[Api, "kopf.Body | dict[str, Any]", list[str]], NoReturn]
 
 def desired_children(
     api: Api, body: kopf.Body | dict[str, Any], invalid: Refusal, unrenderable: Refusal
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Validate the RLJob, render its ConfigMap, RayJob and NetworkPolicy, and make them its children;
-    (configmap, rayjob, networkpolicy).
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+    """Validate the RLJob, render its ConfigMap, RayJob, NetworkPolicy and checkpoint claim, and make all but the
+    claim its children (the claim is owned only with storage.retention Delete); (configmap, rayjob, networkpolicy,
+    claim or None).
 
     A spec that fails the rules or asks for more than the chart's trust settings allow (`trust_issues`) goes to
     `invalid`, one the renderer cannot turn into a RayJob to `unrenderable` (`refuse` or `mark_invalid_update`:
@@ -445,7 +481,8 @@ def desired_children(
         unrenderable(api, body, [str(exc)])
     # also copies the RLJob's labels (e.g. a Kueue queue label)
     kopf.adopt([configmap, rayjob, networkpolicy], owner=_plain(body))
-    return configmap, rayjob, networkpolicy
+    claim = render_checkpoint_claim(meta["name"], meta["namespace"], meta["uid"], spec)
+    return configmap, rayjob, networkpolicy, claim
 
 
 def ensure(api: Api, body: kopf.Body | dict[str, Any], logger: kopf.Logger = log) -> None:
@@ -459,9 +496,12 @@ def ensure(api: Api, body: kopf.Body | dict[str, Any], logger: kopf.Logger = log
     # already running (e.g. admitted under an older rule set, seen again after an operator upgrade):
     # flag it, keep following its RayJob, do not fail a live job
     live = bool((body.get("status") or {}).get("rayJobName"))
-    configmap, rayjob, networkpolicy = desired_children(api, body, mark_invalid_update if live else refuse, refuse)
+    configmap, rayjob, networkpolicy, claim = desired_children(
+        api, body, mark_invalid_update if live else refuse, refuse
+    )
     try:
         ensure_security_children(api, name, networkpolicy, uid)
+        ensure_claim(api, claim)
         ensure_configmap(api, configmap, uid)
         existing, created = ensure_rayjob(api, rayjob, uid)
     except ApiException as exc:
@@ -501,9 +541,10 @@ def apply_update(
     if phase in TERMINAL_PHASES:
         logger.info("RLJob is %s; the spec change is not applied", phase)
         return
-    configmap, desired, _ = desired_children(api, body, mark_invalid_update, mark_invalid_update)
+    configmap, desired, _, claim = desired_children(api, body, mark_invalid_update, mark_invalid_update)
     suspend_changed = suspend_of(old_spec) != suspend_of(new_spec)
     try:
+        ensure_claim(api, claim)
         ensure_configmap(api, configmap, uid)
         for attempt in range(4):
             existing = api.get_rayjob(namespace, name)

@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     from kuberl.api import InvalidSpec, load_rljob
 
     try:
-        name, spec = load_rljob(args.file, args.set)
+        name, spec = load_rljob(args.file, args.set, one_machine=True)
     except InvalidSpec as exc:
         print_invalid(exc, args.file, rljob_name(args.file))
         return 1

@@ -119,6 +119,11 @@ def check_chat(chat: Any, index: int, prompt_key: str) -> list[dict[str, str]]:
     return [{"role": m["role"], "content": m["content"]} for m in chat]
 
 
+def ground_truth_text(value: Any) -> str:
+    """A ground truth as the reward function compares it: its string form (``0`` is "0", not empty); None is ""."""
+    return "" if value is None else str(value)
+
+
 class PromptDataset:
     """Rows with the chat template applied (``add_generation_prompt=True``) and tokenized.
 
@@ -154,7 +159,7 @@ class PromptDataset:
                 Prompt(
                     input_ids=list(ids),
                     data_source=row["data_source"],
-                    ground_truth=str(row["reward_model"].get("ground_truth") or ""),
+                    ground_truth=ground_truth_text(row["reward_model"].get("ground_truth")),
                     extra_info=dict(row.get("extra_info") or {}),
                     index=index,
                     raw_prompt=chat,

@@ -37,7 +37,7 @@ def find_checkpoint(source: str | Path) -> Path:
         raise ExportError(f"{folder} does not exist or is not a folder")
     if ckpt.STEP_DIR.match(folder.name):
         if not ckpt.is_complete(folder):
-            raise ExportError(f"{folder} is an incomplete checkpoint ({ckpt.STATE_FILE} missing): the save was cut off")
+            raise ExportError(f"{folder} is an incomplete checkpoint ({ckpt.MANIFEST} missing): the save was cut off")
         return folder
     latest = ckpt.find_latest(folder)
     recorded = checkpoint_dir_of_run(folder)
@@ -70,8 +70,11 @@ def export_checkpoint(
     target = Path(out).expanduser()
     if target.exists() and not force:
         raise ExportError(f"{target} exists; pass --force to replace it")
+    damage = ckpt.verify(checkpoint)
+    if damage is not None:
+        raise ExportError(f"cannot export {checkpoint}: it is damaged ({damage}); export an earlier checkpoint")
     actor = checkpoint / "actor"
-    state = torch.load(actor / "model.pt", map_location="cpu", weights_only=True)
+    state = ckpt.load_full_model_state(actor)
     lora = json.loads((actor / "lora.json").read_text()) if (actor / "lora.json").exists() else {}
     if lora.get("scaling"):
         state = merge_lora(state, lora["scaling"])

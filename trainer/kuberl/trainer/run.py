@@ -27,7 +27,13 @@ import torch
 from torch import Tensor
 
 from kuberl.api import RLJobSpec, parse_spec, plan_batches
-from kuberl.api.contract import ENV_RAY_AUTH_MODE, ENV_RAY_AUTH_TOKEN, ENV_RLJOB_NAMESPACE, TRAINER_MODULE
+from kuberl.api.contract import (
+    ENV_RAY_AUTH_MODE,
+    ENV_RAY_AUTH_TOKEN,
+    ENV_RLJOB_NAMESPACE,
+    ENV_RLJOB_UID,
+    TRAINER_MODULE,
+)
 from kuberl.api.status import Progress
 from kuberl.trainer import checkpoint as ckpt
 from kuberl.trainer.advantages import compute_advantages
@@ -45,7 +51,9 @@ from kuberl.trainer.unwired import refuse_unwired
 
 log = logging.getLogger("kuberl.trainer")
 
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C, checkpoint saved
+EXIT_STOPPED = 143  # 128 + SIGTERM: stopped by Kubernetes or Ray (suspend, preemption, drain), checkpoint saved
+STOP_SIGNALS = {signal.SIGINT: EXIT_INTERRUPTED, signal.SIGTERM: EXIT_STOPPED}
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "H20": 148e12, "A100": 312e12, "L40S": 362e12, "B200": 2250e12}
 """Dense bf16 peak per GPU by device-name substring, for perf/mfu/actor; KUBERL_PEAK_FLOPS overrides."""
 
@@ -80,6 +88,8 @@ class Trainer:
         self.kl_ctrl = make_kl_controller(algo.kl.control, algo.kl.coef, algo.kl.target, algo.kl.horizon)
         self.global_step = 0
         self.stop_requested = False
+        self.stop_code = 0
+        """EXIT_INTERRUPTED or EXIT_STOPPED once a stop signal arrived."""
         self.last_checkpoint: str | None = None
         self.ray_started_here = False
         self.groups: list[Any] = []
@@ -293,8 +303,20 @@ class Trainer:
     def checkpoint_dir(self) -> Path:
         return Path(self.spec.trainer.checkpoint_dir)
 
+    @property
+    def checkpoint_identity(self) -> ckpt.Identity:
+        """What this run's checkpoints record and what auto-resume requires: the RLJob uid (the operator sets it) and
+        the hash of model/data/algorithm/batch."""
+        return ckpt.Identity(os.environ.get(ENV_RLJOB_UID) or None, ckpt.resume_fields_hash(self.spec))
+
     def resume(self) -> None:
-        folder = ckpt.resolve_resume(self.spec.trainer.resume, self.checkpoint_dir)
+        damaged: list[ckpt.Damaged] = []
+        folder = ckpt.resolve_resume(self.spec.trainer.resume, self.checkpoint_dir, self.checkpoint_identity, damaged)
+        for skipped in damaged:
+            message = f"checkpoint {skipped.folder} is damaged and was skipped: {skipped.reason}"
+            self.write(f"warning: {message}")
+            if self.reporter is not None:
+                self.reporter.event("CheckpointDamaged", message)
         if folder is None:
             return
         state = ckpt.read_state(folder)
@@ -309,8 +331,7 @@ class Trainer:
         self.write(f"resumed from {folder} at step {self.global_step}")
 
     def save_checkpoint(self) -> str:
-        folder = ckpt.step_dir(self.checkpoint_dir, self.global_step)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = ckpt.prepare(self.checkpoint_dir, self.global_step)
         self.actor.all("save_checkpoint", str(folder / "actor"))
         if self.critic is not None:
             self.critic.all("save_checkpoint", str(folder / "critic"))
@@ -325,6 +346,7 @@ class Trainer:
                 "total_steps": self.total_steps,
                 "trainer_ranks": self.dp,
             },
+            self.checkpoint_identity,
         )
         ckpt.mark_latest(self.checkpoint_dir, folder)
         ckpt.rotate(self.checkpoint_dir, self.spec.trainer.max_checkpoints)
@@ -337,7 +359,7 @@ class Trainer:
         from tqdm import tqdm
 
         spec = self.spec.trainer
-        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        previous = {signum: signal.signal(signum, self._on_stop_signal) for signum in STOP_SIGNALS}
         bar = tqdm(
             total=self.total_steps,
             initial=self.global_step,
@@ -378,17 +400,24 @@ class Trainer:
                 if saved_at != self.global_step:
                     self.save_checkpoint()
                 self.write(f"interrupted: checkpoint saved at step {self.global_step} in {self.last_checkpoint}")
-                return EXIT_INTERRUPTED
+                return self.stop_code
             return 0
         finally:
             bar.close()
-            signal.signal(signal.SIGINT, previous)
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
-    def _on_sigint(self, signum: int, frame: Any) -> None:
+    def _on_stop_signal(self, signum: int, frame: Any) -> None:
+        """SIGINT (Ctrl-C) and SIGTERM (how Kubernetes and Ray stop a pod): finish the step, save, exit 128+signal.
+        The pod's terminationGracePeriodSeconds must cover the rest of the step plus a save."""
         if self.stop_requested:
             raise KeyboardInterrupt
         self.stop_requested = True
-        self.write("interrupt: finishing this step, saving a checkpoint and exiting (Ctrl-C again to abort)")
+        self.stop_code = STOP_SIGNALS[signal.Signals(signum)]
+        self.write(
+            f"{signal.Signals(signum).name}: finishing this step, saving a checkpoint and exiting "
+            "(a second signal aborts)"
+        )
 
     def report(self, metrics: dict[str, float], force: bool) -> None:
         if self.reporter is None:
@@ -614,6 +643,8 @@ class Trainer:
 
         if hasattr(self, "metrics"):
             self.metrics.close()
+        if self.stop_code == EXIT_STOPPED:  # the pod is going down: its Ray processes got SIGTERM too
+            return
         for group in self.groups:
             with contextlib.suppress(Exception):
                 group.kill()
@@ -645,7 +676,7 @@ def run_job(
     namespace: str = "default",
     show_progress: bool = True,
 ) -> int:
-    """Train ``spec``; 0 when done, 130 after an interrupt (checkpoint saved), 1 on failure."""
+    """Train ``spec``; 0 when done, 130 after SIGINT and 143 after SIGTERM (checkpoint saved), 1 on failure."""
     folder = Path(run_dir) if run_dir else Path("runs") / name
     folder.mkdir(parents=True, exist_ok=True)
     trainer = Trainer(
@@ -661,6 +692,10 @@ def run_job(
         f"run {name}: {trainer.global_step} steps in {time.time() - started:.1f} s; metrics in "
         f"{folder / 'metrics.jsonl'}; last checkpoint {trainer.last_checkpoint}"
     )
+    if code == EXIT_STOPPED:  # exit now: Ray's exit hooks would wait a minute for a GCS that SIGTERM stopped
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     return code
 
 

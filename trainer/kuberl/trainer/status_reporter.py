@@ -14,7 +14,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kuberl.api.contract import ENV_REPORT_STATUS, GROUP, PLURAL, PROGRESS_FIELD, VERSION, timestamp
+from kuberl.api.contract import (
+    API_VERSION,
+    ENV_REPORT_STATUS,
+    ENV_RLJOB_UID,
+    GROUP,
+    KIND,
+    PLURAL,
+    PROGRESS_FIELD,
+    VERSION,
+    timestamp,
+)
 from kuberl.api.status import Progress
 
 log = logging.getLogger(__name__)
@@ -53,9 +63,17 @@ def progress_estimate(step: int, total: int | None, start: tuple[float, int], no
 
 class StatusReporter:
     def __init__(
-        self, name: str, namespace: str, *, api: Any = None, min_interval: float = 10.0, clock: Any = time.monotonic
+        self,
+        name: str,
+        namespace: str,
+        *,
+        api: Any = None,
+        core: Any = None,
+        min_interval: float = 10.0,
+        clock: Any = time.monotonic,
     ) -> None:
         self.name = name
+        self.core = core
         self.namespace = namespace
         self.api = api
         self.min_interval = min_interval
@@ -83,7 +101,7 @@ class StatusReporter:
                 config.load_incluster_config()
             else:  # a Ray cluster outside Kubernetes reporting to one (`ray start` on workstations, tests)
                 config.load_kube_config(config_file=kubeconfig)
-            return cls(name, namespace, api=client.CustomObjectsApi())
+            return cls(name, namespace, api=client.CustomObjectsApi(), core=client.CoreV1Api())
         except Exception as exc:
             log.warning("cannot create the Kubernetes client, RLJob status will not be updated: %s", exc)
             return None
@@ -114,4 +132,34 @@ class StatusReporter:
             log.warning(
                 "RLJob %s/%s status patch failed (%d so far): %s", self.namespace, self.name, self.failures, exc
             )
+            return False
+
+    def event(self, reason: str, message: str) -> bool:
+        """Post a Warning Event on the RLJob (``kubectl describe rljob`` shows it); logged, never raised."""
+        uid = os.environ.get(ENV_RLJOB_UID)
+        if self.core is None or not uid:
+            return False
+        now = timestamp()
+        body = {
+            "metadata": {"generateName": f"{self.name}.", "namespace": self.namespace},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": self.name,
+                "namespace": self.namespace,
+                "uid": uid,
+            },
+            "type": "Warning",
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": "kuberl-trainer"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(self.namespace, body)
+            return True
+        except Exception as exc:
+            log.warning("RLJob %s/%s event %s failed: %s", self.namespace, self.name, reason, exc)
             return False

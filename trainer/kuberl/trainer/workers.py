@@ -442,12 +442,13 @@ class ActorWorker(DistributedWorker):
     def save_checkpoint(self, folder: str) -> None:
         super().save_checkpoint(folder)
         if self.rank == 0:
-            hf = Path(folder) / "hf"
+            from kuberl.trainer.checkpoint import PARTIAL, publish_dir, write_json
+
+            hf = Path(folder) / ("hf" + PARTIAL)
             self.config.save_pretrained(hf)
             self.tokenizer.save_pretrained(hf)
-            (Path(folder) / "lora.json").write_text(
-                "{}" if self.lora_scaling is None else f'{{"scaling": {self.lora_scaling}}}'
-            )
+            publish_dir(hf, Path(folder) / "hf")
+            write_json(Path(folder) / "lora.json", {} if self.lora_scaling is None else {"scaling": self.lora_scaling})
 
     def load_checkpoint(self, folder: str) -> None:
         super().load_checkpoint(folder)
