@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from kuberl.api.spec import FSDP, Optim, RLJobSpec
 from kuberl.trainer import fsdp
 from kuberl.trainer.metrics import nvml_utilization_sampler
-from kuberl.trainer.microbatch import Rows, equalize, micro_batches, model_inputs, num_rows, pad_right, select, trim
+from kuberl.trainer.microbatch import Rows, equalize, micro_batches, num_rows, pack, pad_right, select, trim
 from kuberl.trainer.plan import ExecutionPlan, MicroBatching, plan_execution
 from kuberl.trainer.weight_sync import free_port
 
@@ -220,28 +220,6 @@ class DistributedWorker:
         load_sharded(folder, rank=self.rank, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
 
 
-def response_logits(model: nn.Module, rows: Rows, temperature: float, device: torch.device) -> tuple[Tensor, Rows]:
-    """Logits that predict each response token, ``(b, r, V)``, on the trimmed rows (returned too).
-
-    Logits are divided by the sampling temperature, as verl does, so that they describe the distribution the
-    rollout sampled from.
-    """
-    rows = trim(rows)
-    input_ids, attention_mask, position_ids = model_inputs(rows)
-    r = rows["responses"].shape[1]
-    out = model(
-        input_ids=input_ids.to(device),
-        attention_mask=attention_mask.to(device),
-        position_ids=position_ids.to(device),
-        use_cache=False,
-        logits_to_keep=r + 1,
-    )
-    logits = out.logits[:, :-1].float()
-    if temperature > 0:
-        logits = logits / temperature
-    return logits, rows
-
-
 class ActorWorker(DistributedWorker):
     role = "actor"
 
@@ -363,13 +341,20 @@ class ActorWorker(DistributedWorker):
     # --- log-probs ---
 
     def _log_probs(self, model: nn.Module, rows: Rows, with_entropy: bool) -> dict[str, Tensor]:
-        from kuberl.trainer.losses import entropy_from_logits, log_probs_from_logits
+        """Log-probs (and entropy) of the trimmed rows' response tokens, ``(b, r)``, from one packed forward.
 
-        logits, trimmed = response_logits(model, rows, self.spec.rollout.temperature, self.device)
-        out = {"log_probs": log_probs_from_logits(logits, trimmed["responses"].to(logits.device))}
-        if with_entropy:
-            out["entropy"] = entropy_from_logits(logits)
-        return out
+        Logits are divided by the sampling temperature, as verl does, so that they describe the distribution the
+        rollout sampled from.
+        """
+        from kuberl.trainer.lm_head import packed_response_log_probs
+
+        return packed_response_log_probs(
+            model,
+            pack(trim(rows)),
+            temperature=self.spec.rollout.temperature,
+            with_entropy=with_entropy,
+            device=self.device,
+        )
 
     def compute_log_probs(self, rows: Rows) -> dict[str, Tensor]:
         """Old log-probs and entropy of the current policy, ``(B, R)`` each."""
@@ -482,10 +467,9 @@ class ValueModel(nn.Module):
     def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
         self.backbone.gradient_checkpointing_enable(**kwargs)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
-        hidden = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        ).last_hidden_state
+    def forward(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
+        """``(1, T)`` packed tokens (:func:`~kuberl.trainer.microbatch.pack`) to ``(1, T)`` values."""
+        hidden = self.backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
         values: Tensor = self.value_head(hidden.to(self.value_head.weight.dtype))
         return values.squeeze(-1)
 
@@ -513,13 +497,10 @@ class CriticWorker(DistributedWorker):
         return {}
 
     def _values(self, rows: Rows) -> Tensor:
-        rows = trim(rows)
-        input_ids, attention_mask, position_ids = model_inputs(rows)
-        r = rows["responses"].shape[1]
-        values: Tensor = self.model(
-            input_ids.to(self.device), attention_mask.to(self.device), position_ids.to(self.device)
-        )
-        return values[:, -r - 1 : -1].float()
+        """Values of the states before each response token of the trimmed rows, ``(b, r)``, 0 at padding."""
+        packed = pack(trim(rows))
+        values: Tensor = self.model(packed.input_ids.to(self.device), packed.position_ids.to(self.device))
+        return packed.unpack(values[0, packed.predictors.to(self.device)].float())
 
     def compute_values(self, rows: Rows) -> dict[str, Tensor]:
         self.model.eval()
