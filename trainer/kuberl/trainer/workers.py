@@ -22,7 +22,7 @@ import logging
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +57,8 @@ class MicroLoss:
     """Summed over the real micro-batches (e.g. losses, which are already shares)."""
     per_token: dict[str, float]
     """Weighted by the micro-batch's valid response tokens (fractions such as clip ratios)."""
+    outputs: dict[str, Tensor] = field(default_factory=dict)
+    """Detached per-token ``(b, r)`` values the driver reads back after the update (:meth:`update_outputs`)."""
 
 
 LossFn = Callable[[Rows, dict[str, float]], MicroLoss]
@@ -70,6 +72,8 @@ class DistributedWorker:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    last_outputs: dict[str, Tensor]
+    """See :meth:`update_outputs`."""
 
     def __init__(self, spec_json: str, rank: int, world_size: int, threads: int, plan: ExecutionPlan) -> None:
         logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {self.role}[{rank}] %(levelname)s %(message)s")
@@ -130,22 +134,13 @@ class DistributedWorker:
         self, rows: Rows, fn: Callable[[Rows], dict[str, Tensor]], micro: MicroBatching
     ) -> dict[str, Tensor]:
         """Run ``fn`` over micro-batches without gradients and stitch the ``(b, r)`` outputs back to ``(B, R)``."""
-        width = rows["responses"].shape[1]
-        outputs: dict[str, list[tuple[list[int], Tensor]]] = {}
+        parts: list[tuple[list[int], dict[str, Tensor]]] = []
         with torch.no_grad():
             for idx in self.micro_batch_indices(rows, micro):
                 result = fn(select(rows, idx or [0]))
-                if not idx:
-                    continue
-                for key, value in result.items():
-                    outputs.setdefault(key, []).append((idx, pad_right(value.float().cpu(), width, 0.0)))
-        stitched = {}
-        for key, parts in outputs.items():
-            out = torch.zeros(num_rows(rows), width)
-            for idx, value in parts:
-                out[torch.as_tensor(idx)] = value
-            stitched[key] = out
-        return stitched
+                if idx:
+                    parts.append((idx, result))
+        return stitch(parts, rows)
 
     def train(
         self,
@@ -165,6 +160,7 @@ class DistributedWorker:
         """
         sums: dict[str, float] = {}
         grad_norms = []
+        self.last_outputs = {}
         with self.optimizer_offloaded(offload):
             self.model.train()
             for _ in range(self.spec.batch.ppo_epochs):
@@ -172,6 +168,7 @@ class DistributedWorker:
                     bins = self.micro_batch_indices(rows, micro)
                     self.optimizer.zero_grad(set_to_none=True)
                     sums["micro_batches"] = sums.get("micro_batches", 0.0) + len(bins)
+                    outputs: list[tuple[list[int], dict[str, Tensor]]] = []
                     for i, idx in enumerate(bins):
                         fsdp.set_gradient_sync(self.model, i == len(bins) - 1)
                         mb = {key: t.to(self.device) for key, t in trim(select(rows, idx or [0])).items()}
@@ -184,7 +181,10 @@ class DistributedWorker:
                         sums["tokens"] = sums.get("tokens", 0.0) + n_tok
                         for key, value in out.per_token.items():
                             sums[key] = sums.get(key, 0.0) + value * n_tok
+                        if idx and out.outputs:
+                            outputs.append((idx, out.outputs))
                     grad_norms.append(self.optimizer_step(grad_clip))
+                    self.last_outputs = stitch(outputs, rows)
             self.scheduler.step()
         return {
             **sums,
@@ -192,6 +192,11 @@ class DistributedWorker:
             "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
             "lr": self.optimizer.param_groups[0]["lr"],
         }
+
+    def update_outputs(self) -> dict[str, Tensor]:
+        """The :attr:`MicroLoss.outputs` of the last mini-batch of the last :meth:`train`, ``(b, R)`` each, in the
+        order of that mini-batch's rows."""
+        return self.last_outputs
 
     def optimizer_offloaded(self, options: FSDP) -> AbstractContextManager[None]:
         """fsdp.optimizerOffload around an update; with paramOffload the state already lives on the CPU."""
@@ -218,6 +223,18 @@ class DistributedWorker:
         from kuberl.trainer.checkpoint import load_sharded
 
         load_sharded(folder, rank=self.rank, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+
+
+def stitch(parts: list[tuple[list[int], dict[str, Tensor]]], rows: Rows) -> dict[str, Tensor]:
+    """Per-micro-batch ``(b, r)`` outputs (micro-batch row indices, outputs) back to ``(B, R)`` rows of ``rows``
+    on the CPU, 0 at padding and for rows no part covers."""
+    width = rows["responses"].shape[1]
+    stitched: dict[str, Tensor] = {}
+    for idx, result in parts:
+        for key, value in result.items():
+            out = stitched.setdefault(key, torch.zeros(num_rows(rows), width))
+            out[torch.as_tensor(idx)] = pad_right(value.detach().float().cpu(), width, 0.0)
+    return stitched
 
 
 class ActorWorker(DistributedWorker):
@@ -388,7 +405,11 @@ class ActorWorker(DistributedWorker):
         )
 
     def policy_loss(self, mb: Rows, total: dict[str, float]) -> MicroLoss:
-        """The PPO clipped policy loss, minus the entropy bonus, plus the KL loss when enabled."""
+        """The PPO clipped policy loss, minus the entropy bonus, plus the KL loss when enabled.
+
+        Without ``old_log_probs`` in the rows (:attr:`ExecutionPlan.old_log_probs_from_update`) they are this
+        forward's, detached, and go back to the driver with the entropy as :attr:`MicroLoss.outputs`.
+        """
         from kuberl.trainer.kl import kl_penalty
         from kuberl.trainer.losses import PolicyLossConfig, agg_loss, policy_loss
 
@@ -399,12 +420,14 @@ class ActorWorker(DistributedWorker):
             "batch_seqs": total["seqs"],
             "loss_scale_factor": float(self.spec.data.max_response_length),
         }
-        out = self._log_probs(self.model, mb, algo.entropy_coef > 0)
+        fused = "old_log_probs" not in mb  # the plan's old_log_probs_from_update: the driver sent none
+        out = self._log_probs(self.model, mb, algo.entropy_coef > 0 or fused)
         log_probs = out["log_probs"]
+        old_log_probs = log_probs.detach() if fused else mb["old_log_probs"]
         mask = mb["response_mask"].float()
         loss, metrics = policy_loss(
             log_probs,
-            mb["old_log_probs"],
+            old_log_probs,
             mb["advantages"],
             mask,
             config=PolicyLossConfig.from_spec(algo),
@@ -420,7 +443,8 @@ class ActorWorker(DistributedWorker):
             loss = loss + kl_loss.coef * kl
             per_batch["kl_loss"] = float(kl.detach())
         per_token = {key: float(metrics[key]) for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")}
-        return MicroLoss(loss, per_batch, per_token)
+        outputs = {"log_probs": old_log_probs, "entropy": out["entropy"].detach()} if fused else {}
+        return MicroLoss(loss, per_batch, per_token, outputs)
 
     # --- checkpoints ---
 
