@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from kuberl.trainer.attention import VARLEN, use_varlen_attention
 from kuberl.trainer.lm_head import packed_response_log_probs
 from kuberl.trainer.losses import PolicyLossConfig, policy_loss
 from kuberl.trainer.microbatch import Rows, model_inputs, pack, trim
@@ -35,10 +36,13 @@ def ragged_rows(prompt_lens: list[int], response_lens: list[int], vocab: int, se
 
 
 def padded_log_probs(model: nn.Module, rows: Rows, temperature: float) -> dict[str, Tensor]:
-    """The reference: a padded forward with an attention mask and the full float32 logits."""
+    """The reference: a padded forward with SDPA, an attention mask and the full float32 logits."""
     input_ids, attention_mask, position_ids = model_inputs(rows)
     p, r = rows["prompts"].shape[1], rows["responses"].shape[1]
+    packed_attention = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    model.set_attn_implementation(packed_attention)
     logits = logits[:, p - 1 : p + r - 1].float() / temperature
     log_probs = torch.log_softmax(logits, -1).gather(-1, rows["responses"].unsqueeze(-1)).squeeze(-1)
     entropy = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
@@ -58,6 +62,7 @@ def test_pack_concatenates_real_tokens_and_restarts_positions():
     assert packed.position_ids[0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3]
     # response token j of a row is predicted by the token before it: the last prompt token for j = 0
     assert packed.predictors.tolist() == [1, 2, 3, 7]
+    assert packed.cu_seq_lens.tolist() == [0, 5, 9]
     assert packed.targets.tolist() == [*rows["responses"][0].tolist(), int(rows["responses"][1, 0])]
 
 
@@ -73,9 +78,18 @@ def test_a_gap_in_the_response_mask_is_refused():
         pack(rows)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_packed_log_probs_entropy_loss_and_gradients_match_the_padded_batch(temperature):
+def tiny(attention: str) -> nn.Module:
+    """The tiny model with transformers' SDPA (a block-diagonal mask over the pack) or the per-row VARLEN."""
     model = load_causal_lm(TINY, torch.float32)
+    if attention == "varlen":
+        use_varlen_attention(model)
+    return model
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "varlen"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_packed_log_probs_entropy_loss_and_gradients_match_the_padded_batch(temperature, attention):
+    model = tiny(attention)
     rows = trim(ragged_rows([5, 2, 7, 3], [4, 6, 1, 3], vocab=model.config.vocab_size))
     mask = rows["response_mask"].float()
 
@@ -107,8 +121,9 @@ def test_packed_log_probs_entropy_loss_and_gradients_match_the_padded_batch(temp
         torch.testing.assert_close(g_packed, g_padded, atol=1e-5, rtol=0)
 
 
-def test_rows_in_one_packed_sequence_do_not_see_each_other():
-    model = load_causal_lm(TINY, torch.float32)
+@pytest.mark.parametrize("attention", ["sdpa", "varlen"])
+def test_rows_in_one_packed_sequence_do_not_see_each_other(attention):
+    model = tiny(attention)
     rows = trim(ragged_rows([4, 3], [3, 3], vocab=model.config.vocab_size))
     alone = packed_response_log_probs(
         model, pack({k: v[1:] for k, v in rows.items()}), temperature=1.0, with_entropy=False, device=CPU
@@ -118,20 +133,24 @@ def test_rows_in_one_packed_sequence_do_not_see_each_other():
     torch.testing.assert_close(together["log_probs"][1], alone["log_probs"][0], atol=1e-6, rtol=0)
 
 
-def test_packed_values_and_their_gradients_match_the_padded_batch():
+@pytest.mark.parametrize("attention", ["sdpa", "varlen"])
+def test_packed_values_and_their_gradients_match_the_padded_batch(attention):
     torch.manual_seed(0)
-    critic = ValueModel(load_causal_lm(TINY, torch.float32))
+    critic = ValueModel(tiny(attention))
     nn.init.normal_(critic.value_head.weight, std=0.1)  # values of a few units, as a trained head gives
     rows = trim(ragged_rows([5, 2, 7], [4, 6, 1], vocab=critic.config.vocab_size))
     mask = rows["response_mask"].float()
     returns = torch.randn(mask.shape)
 
     input_ids, attention_mask, position_ids = model_inputs(rows)
+    critic.backbone.set_attn_implementation("sdpa")
     hidden = critic.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    critic.backbone.set_attn_implementation(attention if attention == "sdpa" else VARLEN)
     p, r = rows["prompts"].shape[1], rows["responses"].shape[1]
     padded = critic.value_head(hidden.last_hidden_state).squeeze(-1)[:, p - 1 : p + r - 1] * mask
     packed_rows = pack(rows)
-    packed = packed_rows.unpack(critic(packed_rows.input_ids, packed_rows.position_ids)[0, packed_rows.predictors])
+    values = critic(packed_rows.input_ids, packed_rows.position_ids, **packed_rows.attention_kwargs(CPU))
+    packed = packed_rows.unpack(values[0, packed_rows.predictors])
     torch.testing.assert_close(packed, padded, atol=1e-5, rtol=0)
 
     grads = []

@@ -95,6 +95,7 @@ def packed_response_log_probs(
             position_ids=packed.position_ids.to(device),
             use_cache=False,
             logits_to_keep=packed.predictors.to(device),
+            **packed.attention_kwargs(device),
         ).logits
     finally:
         for handle in handles:
@@ -106,4 +107,3 @@ def packed_response_log_probs(
             f"{expected}): it needs the plain ``logits = lm_head(hidden_states[:, logits_to_keep])`` of a causal LM"
         )
     return {key: packed.unpack(logits[0, i]) for i, key in enumerate(KEYS[: expected[1]])}
-

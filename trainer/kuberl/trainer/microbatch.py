@@ -120,6 +120,14 @@ class Packed:
     """``(N,)``: those response token ids."""
     response_mask: Tensor
     """``(b, r)`` bool: where the ``N`` valid response tokens sit in the rows."""
+    cu_seq_lens: Tensor
+    """``(b + 1,)`` int32: where each row starts in ``T``, then ``T`` (flash-attention's ``cu_seqlens``)."""
+
+    def attention_kwargs(self, device: torch.device) -> dict[str, Tensor | int]:
+        """The row bounds as transformers' flash-attention keyword arguments of a model's forward."""
+        cu = self.cu_seq_lens.to(device)
+        longest = int((self.cu_seq_lens[1:] - self.cu_seq_lens[:-1]).max())
+        return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
 
     def unpack(self, values: Tensor) -> Tensor:
         """Per-token ``(N,)`` values back to ``(b, r)`` rows, 0 at padding (differentiable)."""
@@ -148,6 +156,7 @@ def pack(rows: Rows) -> Packed:
         predictors=packed_index[:, p - 1 : p + r - 1][response_mask],
         targets=rows["responses"][response_mask],
         response_mask=response_mask,
+        cu_seq_lens=torch.nn.functional.pad(real.sum(-1).cumsum(0), (1, 0)).to(torch.int32),
     )
 
 

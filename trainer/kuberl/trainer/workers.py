@@ -225,6 +225,16 @@ class DistributedWorker:
         load_sharded(folder, rank=self.rank, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
 
 
+def load_trainer_model(path: str) -> PreTrainedModel:
+    """A causal LM for the trainer's passes: float32 master weights, attention over packed rows."""
+    from kuberl.trainer.attention import use_varlen_attention
+    from kuberl.trainer.models import load_causal_lm
+
+    model = load_causal_lm(path, torch.float32)
+    use_varlen_attention(model)
+    return model
+
+
 def stitch(parts: list[tuple[list[int], dict[str, Tensor]]], rows: Rows) -> dict[str, Tensor]:
     """Per-micro-batch ``(b, r)`` outputs (micro-batch row indices, outputs) back to ``(B, R)`` rows of ``rows``
     on the CPU, 0 at padding and for rows no part covers."""
@@ -241,15 +251,15 @@ class ActorWorker(DistributedWorker):
     role = "actor"
 
     def init_model(self, total_steps: int) -> dict[str, Any]:
-        from kuberl.trainer.models import load_causal_lm, load_tokenizer, num_params
+        from kuberl.trainer.models import load_tokenizer, num_params
 
         spec = self.spec
         self.tokenizer = load_tokenizer(spec.model.tokenizer_path or spec.model.path)
-        model = load_causal_lm(spec.model.path, torch.float32)
+        model = load_trainer_model(spec.model.path)
         self.ref = None
         if self.plan.uses_reference and spec.model.lora is None:
             self.ref = fsdp.prepare(
-                load_causal_lm(spec.model.path, torch.float32),
+                load_trainer_model(spec.model.path),
                 gradient_checkpointing=False,
                 reshard_after_forward=True,
                 param_offload=spec.actor.fsdp.param_offload,
@@ -491,9 +501,12 @@ class ValueModel(nn.Module):
     def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
         self.backbone.gradient_checkpointing_enable(**kwargs)
 
-    def forward(self, input_ids: Tensor, position_ids: Tensor) -> Tensor:
-        """``(1, T)`` packed tokens (:func:`~kuberl.trainer.microbatch.pack`) to ``(1, T)`` values."""
-        hidden = self.backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+    def forward(self, input_ids: Tensor, position_ids: Tensor, **attention: Any) -> Tensor:
+        """``(1, T)`` packed tokens (:func:`~kuberl.trainer.microbatch.pack`) to ``(1, T)`` values; ``attention``:
+        :meth:`~kuberl.trainer.microbatch.Packed.attention_kwargs`."""
+        hidden = self.backbone(
+            input_ids=input_ids, position_ids=position_ids, use_cache=False, **attention
+        ).last_hidden_state
         values: Tensor = self.value_head(hidden.to(self.value_head.weight.dtype))
         return values.squeeze(-1)
 
@@ -502,12 +515,11 @@ class CriticWorker(DistributedWorker):
     role = "critic"
 
     def init_model(self, total_steps: int) -> dict[str, Any]:
-        from kuberl.trainer.models import load_causal_lm
 
         spec = self.spec
         critic = spec.critic
         assert critic is not None, "gae needs spec.critic (validation enforces it)"
-        model = ValueModel(load_causal_lm(critic.model_path or spec.model.path, torch.float32))
+        model = ValueModel(load_trainer_model(critic.model_path or spec.model.path))
         self.model = fsdp.prepare(
             model,
             device=self.device,
@@ -523,7 +535,11 @@ class CriticWorker(DistributedWorker):
     def _values(self, rows: Rows) -> Tensor:
         """Values of the states before each response token of the trimmed rows, ``(b, r)``, 0 at padding."""
         packed = pack(trim(rows))
-        values: Tensor = self.model(packed.input_ids.to(self.device), packed.position_ids.to(self.device))
+        values: Tensor = self.model(
+            packed.input_ids.to(self.device),
+            packed.position_ids.to(self.device),
+            **packed.attention_kwargs(self.device),
+        )
         return packed.unpack(values[0, packed.predictors.to(self.device)].float())
 
     def compute_values(self, rows: Rows) -> dict[str, Tensor]:
