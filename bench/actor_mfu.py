@@ -55,16 +55,17 @@ FLOPS_COUNTED = (
 
 
 def build_model(name: str, device):
-    """The fp32 model ``fsdp.prepare`` receives in ``ActorWorker.init_model``: ``load_causal_lm``'s (on the CPU) for
-    ``tiny`` and model paths; random shapes are drawn on ``device`` (seconds faster for Qwen2-0.5B), where ``prepare``
-    would move them anyway."""
-    import torch
+    """The fp32 model ``fsdp.prepare`` receives in ``ActorWorker.init_model``: ``load_trainer_model``'s (on the CPU)
+    for ``tiny`` and model paths; random shapes are drawn on ``device`` (seconds faster for Qwen2-0.5B), where
+    ``prepare`` would move them anyway, with the trainer's attention over packed rows."""
+    from kuberl.trainer.attention import use_varlen_attention
+    from kuberl.trainer.workers import load_trainer_model
 
     if name in RANDOM:
-        return random_causal_lm(name, device.type)
-    from kuberl.trainer.models import load_causal_lm
-
-    return load_causal_lm(TINY if name == "tiny" else name, torch.float32)
+        model = random_causal_lm(name, device.type)
+        use_varlen_attention(model)
+        return model
+    return load_trainer_model(TINY if name == "tiny" else name)
 
 
 def job_spec(name: str, args: argparse.Namespace, *, micro_batch: int, gradient_checkpointing: bool):
@@ -149,6 +150,7 @@ def run_model(name: str, args: argparse.Namespace, worker) -> list[dict]:
     import torch
 
     from kuberl.trainer.models import model_family_flops_per_token, num_params
+    from kuberl.trainer.plan import plan_execution
 
     peak = args.peak_tflops * 1e12
     seq = args.prompt_len + args.response_len
@@ -170,6 +172,7 @@ def run_model(name: str, args: argparse.Namespace, worker) -> list[dict]:
         tokens = args.mini_batch * seq
         for micro in args.micro_batch:
             worker.spec = job_spec(name, args, micro_batch=micro, gradient_checkpointing=checkpointing)
+            worker.plan = plan_execution(worker.spec)
             row = {
                 "model": name,
                 "params": params,
@@ -284,11 +287,12 @@ def main() -> int:
     import transformers
 
     from kuberl.trainer import fsdp
+    from kuberl.trainer.plan import plan_execution
     from kuberl.trainer.weight_sync import free_port
     from kuberl.trainer.workers import ActorWorker
 
     first = job_spec(args.models[0], args, micro_batch=args.micro_batch[0], gradient_checkpointing=False)
-    worker = ActorWorker(first.model_dump_json(), 0, 1, torch.get_num_threads())  # sets the device, seeds
+    worker = ActorWorker(first.model_dump_json(), 0, 1, torch.get_num_threads(), plan_execution(first))  # device, seeds
     worker.init_distributed("127.0.0.1", free_port())
     cuda = worker.device.type == "cuda"
     algo = first.algorithm

@@ -137,3 +137,9 @@ def test_concat_repads_prompts_left_and_responses_right():
 def test_shard_mini_batches_refuses_rows_that_do_not_divide():
     with pytest.raises(ValueError, match="do not split"):
         shard_mini_batches(make_rows([1] * 6, [1] * 6), mini_batch_rows=4, dp=2)
+
+
+def test_a_token_budget_counts_real_tokens_as_the_packed_pass_sees_them():
+    # padded, rows of 8 + 1 and 1 + 8 tokens would cost 2 × (8 + 8) = 32; packed they are 9 + 9
+    assert bin_cost([8, 1], [1, 8]) == 18
+    assert split_by_tokens([8, 1], [1, 8], max_tokens=18) == [[0, 1]]

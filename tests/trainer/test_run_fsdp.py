@@ -73,6 +73,19 @@ def test_grpo_with_kl_loss_runs_on_two_fsdp_ranks(tmp_path, local_ray):
 
 
 @pytest.mark.timeout(300)
+def test_one_mini_batch_one_epoch_skips_the_old_log_prob_pass(tmp_path, local_ray):
+    spec = tiny_spec(tmp_path, **{"rollout.calculateLogProbs": True, "batch.ppoMiniBatchSize": 4})
+    records = run(tmp_path, spec, "grpo-fused")
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        assert "timing_s/old_log_prob" not in r
+        assert r["actor/pg_clipfrac"] == 0.0 and abs(r["actor/ppo_kl"]) < 1e-6  # ratio 1 by construction
+        assert r["actor/entropy"] > 0
+        # the update's log-probs, read back from both ranks in row order, are what the rollout sampled from
+        assert r["training/rollout_probs_diff_max"] < 1e-3
+
+
+@pytest.mark.timeout(300)
 def test_ppo_with_a_critic_runs_on_two_fsdp_ranks(tmp_path, local_ray):
     spec = tiny_spec(
         tmp_path,

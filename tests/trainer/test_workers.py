@@ -188,3 +188,38 @@ def test_lora_reference_is_the_base_model_and_the_rollout_gets_merged_weights(lo
         assert changed and all("proj" in n for n in changed)  # only adapted linear layers moved
     finally:
         group.close()
+
+
+@pytest.mark.timeout(300)
+def test_an_update_without_old_log_probs_takes_them_from_its_own_forward(local_ray):
+    """One mini-batch, one epoch (ExecutionPlan.old_log_probs_from_update): the update's forward gives the old
+    log-probs and entropy a separate pass gives, and the same weights."""
+    rows = fixed_rows()
+    keys = ("prompts", "prompt_mask", "responses", "response_mask")
+    shards = [{k: rows[k][i * 4 : (i + 1) * 4] for k in keys} for i in range(2)]
+    totals = [{"tokens": float(rows["response_mask"].sum()), "seqs": 8.0}]
+    spec = spec_for(2, ppoMicroBatchSizePerGPU=2)
+    spec.algorithm.entropy_coef = 0.01
+    results = {}
+    for fused in (False, True):
+        group = Group(spec)
+        try:
+            given = dict(rows)
+            old = group.group.each("compute_log_probs", [(s,) for s in shards])
+            if not fused:
+                given["old_log_probs"] = torch.cat([o["log_probs"] for o in old])
+            group.group.each("update", [(m, totals) for m in shard_mini_batches(given, mini_batch_rows=8, dp=2)])
+            outputs = group.group.all("update_outputs")
+            results[fused] = (old, outputs, group.group.all("full_weights")[0])
+        finally:
+            group.close()
+    old, outputs, weights = results[True]
+    assert results[False][1] == [{}, {}]  # given old log-probs: nothing to read back
+    mask = rows["response_mask"].bool()
+    for key in ("log_probs", "entropy"):
+        separate = torch.cat([o[key] for o in old])
+        from_update = torch.cat([o[key] for o in outputs])
+        torch.testing.assert_close(from_update[mask], separate[mask], rtol=0, atol=1e-5, msg=key)
+        assert (from_update[~mask] == 0).all()
+    for name, tensor in results[False][2].items():
+        torch.testing.assert_close(weights[name], tensor, rtol=1e-4, atol=1e-5, msg=name)

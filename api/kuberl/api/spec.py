@@ -248,9 +248,16 @@ class Reward(SpecModel):
 
 
 class DynamicBatchSize(SpecModel):
-    enabled: bool = Field(False, description="Cut micro-batches by a token budget instead of a row count.")
+    enabled: bool = Field(
+        False,
+        description="Cut micro-batches by a token budget instead of a row count (recommended: every pass runs on "
+        "packed rows, so a budget gives micro-batches of even cost whatever the response lengths).",
+    )
     max_token_len_per_gpu: int = Field(
-        16384, ge=1, le=4_194_304, description="Token budget of one micro-batch per GPU."
+        16384,
+        ge=1,
+        le=4_194_304,
+        description="Token budget of one micro-batch per GPU: real prompt + response tokens of its packed rows.",
     )
 
 

@@ -8,12 +8,14 @@ A batch of ``B`` rows is a plain ``dict[str, Tensor]`` (``Rows``), every tensor 
   ``advantages``, ``returns``.
 
 Micro-batches are either a fixed number of rows (``ppoMicroBatchSizePerGPU``) or, with dynamic batch size, as many
-rows as fit a token budget: greedy first-fit-decreasing bin packing where a bin costs its rows × (longest prompt +
-longest response), i.e. the padded tokens the forward pass really sees after :func:`trim`. Rows are packed as
-padded rectangles, not concatenated (no varlen attention on CPU).
+rows as fit a token budget: greedy first-fit-decreasing bin packing where a bin costs the sum of its rows' real
+prompt + response tokens. Every pass of the trainer then sees a micro-batch as one packed sequence (:func:`pack`,
+verl's ``use_remove_padding``): the rows' real tokens concatenated, no padding, attention kept inside each row.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -99,6 +101,65 @@ def model_inputs(rows: Rows) -> tuple[Tensor, Tensor, Tensor]:
     return input_ids, attention_mask, position_ids
 
 
+@dataclass(frozen=True)
+class Packed:
+    """A micro-batch as one sequence of its ``T`` real tokens (prompt + response of each row, in row order).
+
+    ``position_ids`` restart at 0 with every row; with no attention mask, Hugging Face models read the restarts as
+    sequence boundaries (a block-diagonal causal mask for SDPA/eager, varlen ``cu_seqlens`` for flash-attention),
+    so every row attends to itself only, as in the padded batch.
+    """
+
+    input_ids: Tensor
+    """``(1, T)``"""
+    position_ids: Tensor
+    """``(1, T)``"""
+    predictors: Tensor
+    """``(N,)``: the index in ``T`` of the token whose output predicts each of the ``N`` valid response tokens."""
+    targets: Tensor
+    """``(N,)``: those response token ids."""
+    response_mask: Tensor
+    """``(b, r)`` bool: where the ``N`` valid response tokens sit in the rows."""
+    cu_seq_lens: Tensor
+    """``(b + 1,)`` int32: where each row starts in ``T``, then ``T`` (flash-attention's ``cu_seqlens``)."""
+
+    def attention_kwargs(self, device: torch.device) -> dict[str, Tensor | int]:
+        """The row bounds as transformers' flash-attention keyword arguments of a model's forward."""
+        cu = self.cu_seq_lens.to(device)
+        longest = int((self.cu_seq_lens[1:] - self.cu_seq_lens[:-1]).max())
+        return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+
+    def unpack(self, values: Tensor) -> Tensor:
+        """Per-token ``(N,)`` values back to ``(b, r)`` rows, 0 at padding (differentiable)."""
+        mask = self.response_mask.to(values.device)
+        return values.new_zeros(mask.shape).masked_scatter(mask, values)
+
+
+def pack(rows: Rows) -> Packed:
+    """The rows' real tokens as one packed sequence; see :class:`Packed`.
+
+    The token that predicts response token ``j`` of a row is the one before it (the last prompt token for ``j =
+    0``); the response mask must therefore be contiguous from the first response token.
+    """
+    input_ids, attention_mask, position_ids = model_inputs(rows)
+    real = attention_mask.bool()
+    p = rows["prompts"].shape[1]
+    r = rows["responses"].shape[1]
+    response_mask = rows["response_mask"].bool()
+    predictor_real = real[:, p - 1 : p + r - 1]
+    if bool((response_mask & ~predictor_real).any()):
+        raise ValueError("response_mask has a gap or a row has no prompt token: a response token has no predictor")
+    packed_index = real.flatten().long().cumsum(0).view_as(real) - 1
+    return Packed(
+        input_ids=input_ids[real].unsqueeze(0),
+        position_ids=position_ids[real].unsqueeze(0),
+        predictors=packed_index[:, p - 1 : p + r - 1][response_mask],
+        targets=rows["responses"][response_mask],
+        response_mask=response_mask,
+        cu_seq_lens=torch.nn.functional.pad(real.sum(-1).cumsum(0), (1, 0)).to(torch.int32),
+    )
+
+
 def split_fixed(n: int, size: int) -> list[list[int]]:
     """Consecutive micro-batches of ``size`` rows (the last may be smaller when ``size`` does not divide ``n``)."""
     if size < 1:
@@ -107,12 +168,12 @@ def split_fixed(n: int, size: int) -> list[list[int]]:
 
 
 def bin_cost(prompt_lens: list[int], response_lens: list[int]) -> int:
-    """Padded tokens of a micro-batch after :func:`trim`: rows × (longest prompt + longest response)."""
-    return len(prompt_lens) * (max(prompt_lens) + max(response_lens)) if prompt_lens else 0
+    """Tokens of a micro-batch's packed sequence (:func:`pack`): its real prompt and response tokens."""
+    return sum(prompt_lens) + sum(response_lens)
 
 
 def split_by_tokens(prompt_lens: list[int], response_lens: list[int], max_tokens: int) -> list[list[int]]:
-    """Greedy first-fit-decreasing packing: every micro-batch's padded tokens ≤ ``max_tokens``.
+    """Greedy first-fit-decreasing packing: every micro-batch's packed tokens ≤ ``max_tokens``.
 
     A single row longer than the budget gets a micro-batch of its own (validation rule R10 keeps
     ``maxTokenLenPerGPU ≥ maxPromptLength + maxResponseLength``, so this does not happen in a valid run).

@@ -68,6 +68,10 @@ class ExecutionPlan:
     """A frozen reference policy is needed (KL in the reward or in the loss)."""
     uses_critic: bool
     """A value model is trained (the gae estimator)."""
+    old_log_probs_from_update: bool
+    """Each batch meets the policy exactly once (one mini-batch, one epoch) and nothing before the update reads the
+    old log-probs (no KL in the reward): they are then the update's own forward, detached (the ratio is 1 by
+    construction), instead of a separate forward pass over the same weights."""
 
 
 def plan_execution(spec: RLJobSpec, *, cluster_gpus: float = 0.0, rollout_pool_labelled: bool = False) -> ExecutionPlan:
@@ -106,4 +110,5 @@ def plan_execution(spec: RLJobSpec, *, cluster_gpus: float = 0.0, rollout_pool_l
         engine=engine,
         uses_reference=spec.algorithm.kl.in_reward or spec.algorithm.kl.loss.enabled,
         uses_critic=spec.algorithm.advantage_estimator == "gae",
+        old_log_probs_from_update=batch.optimizer_steps_per_step == 1 and not spec.algorithm.kl.in_reward,
     )

@@ -450,9 +450,11 @@ class Trainer:
             with timer("reward"):
                 scores, extra = self.score(samples, rows)
             token_scores = place_at_last_token(scores, rows["response_mask"])
-            with timer("old_log_prob"):
-                out = self.forward_all(self.actor, "compute_log_probs", rows)
-                rows["old_log_probs"] = out["log_probs"]
+            fused = self.plan.old_log_probs_from_update
+            if not fused:
+                with timer("old_log_prob"):
+                    out = self.forward_all(self.actor, "compute_log_probs", rows)
+                    rows["old_log_probs"] = out["log_probs"]
             if self.plan.uses_reference:
                 with timer("ref"):
                     rows["ref_log_probs"] = self.forward_all(self.actor, "compute_ref_log_probs", rows)["ref_log_probs"]
@@ -489,8 +491,13 @@ class Trainer:
                 with timer("update_critic"):
                     metrics.update(self.update(self.critic, rows, ("values", "returns"), "critic"))
             with timer("update_actor"):
-                keys = ("old_log_probs", "advantages") + (("ref_log_probs",) if algo.kl.loss.enabled else ())
+                keys = ("advantages",) + (() if fused else ("old_log_probs",))
+                keys += ("ref_log_probs",) if algo.kl.loss.enabled else ()
                 metrics.update(self.update(self.actor, rows, keys, "actor"))
+                if fused:  # the old log-probs and entropy of the update's own forward, rows in rank order
+                    parts = self.actor.all("update_outputs")
+                    out = {k: torch.cat([r[k] for r in parts]) for k in ("log_probs", "entropy")}
+                    rows["old_log_probs"] = out["log_probs"]
             with timer("update_weights"):
                 self.actor.all("sync_weights")
         metrics.update(timer.metrics())

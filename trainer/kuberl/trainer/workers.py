@@ -22,7 +22,7 @@ import logging
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from kuberl.api.spec import FSDP, Optim, RLJobSpec
 from kuberl.trainer import fsdp
 from kuberl.trainer.metrics import nvml_utilization_sampler
-from kuberl.trainer.microbatch import Rows, equalize, micro_batches, model_inputs, num_rows, pad_right, select, trim
+from kuberl.trainer.microbatch import Rows, equalize, micro_batches, num_rows, pack, pad_right, select, trim
 from kuberl.trainer.plan import ExecutionPlan, MicroBatching, plan_execution
 from kuberl.trainer.weight_sync import free_port
 
@@ -57,6 +57,8 @@ class MicroLoss:
     """Summed over the real micro-batches (e.g. losses, which are already shares)."""
     per_token: dict[str, float]
     """Weighted by the micro-batch's valid response tokens (fractions such as clip ratios)."""
+    outputs: dict[str, Tensor] = field(default_factory=dict)
+    """Detached per-token ``(b, r)`` values the driver reads back after the update (:meth:`update_outputs`)."""
 
 
 LossFn = Callable[[Rows, dict[str, float]], MicroLoss]
@@ -70,6 +72,8 @@ class DistributedWorker:
     model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    last_outputs: dict[str, Tensor]
+    """See :meth:`update_outputs`."""
 
     def __init__(self, spec_json: str, rank: int, world_size: int, threads: int, plan: ExecutionPlan) -> None:
         logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {self.role}[{rank}] %(levelname)s %(message)s")
@@ -130,22 +134,13 @@ class DistributedWorker:
         self, rows: Rows, fn: Callable[[Rows], dict[str, Tensor]], micro: MicroBatching
     ) -> dict[str, Tensor]:
         """Run ``fn`` over micro-batches without gradients and stitch the ``(b, r)`` outputs back to ``(B, R)``."""
-        width = rows["responses"].shape[1]
-        outputs: dict[str, list[tuple[list[int], Tensor]]] = {}
+        parts: list[tuple[list[int], dict[str, Tensor]]] = []
         with torch.no_grad():
             for idx in self.micro_batch_indices(rows, micro):
                 result = fn(select(rows, idx or [0]))
-                if not idx:
-                    continue
-                for key, value in result.items():
-                    outputs.setdefault(key, []).append((idx, pad_right(value.float().cpu(), width, 0.0)))
-        stitched = {}
-        for key, parts in outputs.items():
-            out = torch.zeros(num_rows(rows), width)
-            for idx, value in parts:
-                out[torch.as_tensor(idx)] = value
-            stitched[key] = out
-        return stitched
+                if idx:
+                    parts.append((idx, result))
+        return stitch(parts, rows)
 
     def train(
         self,
@@ -165,6 +160,7 @@ class DistributedWorker:
         """
         sums: dict[str, float] = {}
         grad_norms = []
+        self.last_outputs = {}
         with self.optimizer_offloaded(offload):
             self.model.train()
             for _ in range(self.spec.batch.ppo_epochs):
@@ -172,6 +168,7 @@ class DistributedWorker:
                     bins = self.micro_batch_indices(rows, micro)
                     self.optimizer.zero_grad(set_to_none=True)
                     sums["micro_batches"] = sums.get("micro_batches", 0.0) + len(bins)
+                    outputs: list[tuple[list[int], dict[str, Tensor]]] = []
                     for i, idx in enumerate(bins):
                         fsdp.set_gradient_sync(self.model, i == len(bins) - 1)
                         mb = {key: t.to(self.device) for key, t in trim(select(rows, idx or [0])).items()}
@@ -184,7 +181,10 @@ class DistributedWorker:
                         sums["tokens"] = sums.get("tokens", 0.0) + n_tok
                         for key, value in out.per_token.items():
                             sums[key] = sums.get(key, 0.0) + value * n_tok
+                        if idx and out.outputs:
+                            outputs.append((idx, out.outputs))
                     grad_norms.append(self.optimizer_step(grad_clip))
+                    self.last_outputs = stitch(outputs, rows)
             self.scheduler.step()
         return {
             **sums,
@@ -192,6 +192,11 @@ class DistributedWorker:
             "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
             "lr": self.optimizer.param_groups[0]["lr"],
         }
+
+    def update_outputs(self) -> dict[str, Tensor]:
+        """The :attr:`MicroLoss.outputs` of the last mini-batch of the last :meth:`train`, ``(b, R)`` each, in the
+        order of that mini-batch's rows."""
+        return self.last_outputs
 
     def optimizer_offloaded(self, options: FSDP) -> AbstractContextManager[None]:
         """fsdp.optimizerOffload around an update; with paramOffload the state already lives on the CPU."""
@@ -220,41 +225,41 @@ class DistributedWorker:
         load_sharded(folder, rank=self.rank, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
 
 
-def response_logits(model: nn.Module, rows: Rows, temperature: float, device: torch.device) -> tuple[Tensor, Rows]:
-    """Logits that predict each response token, ``(b, r, V)``, on the trimmed rows (returned too).
+def load_trainer_model(path: str) -> PreTrainedModel:
+    """A causal LM for the trainer's passes: float32 master weights, attention over packed rows."""
+    from kuberl.trainer.attention import use_varlen_attention
+    from kuberl.trainer.models import load_causal_lm
 
-    Logits are divided by the sampling temperature, as verl does, so that they describe the distribution the
-    rollout sampled from.
-    """
-    rows = trim(rows)
-    input_ids, attention_mask, position_ids = model_inputs(rows)
-    r = rows["responses"].shape[1]
-    out = model(
-        input_ids=input_ids.to(device),
-        attention_mask=attention_mask.to(device),
-        position_ids=position_ids.to(device),
-        use_cache=False,
-        logits_to_keep=r + 1,
-    )
-    logits = out.logits[:, :-1].float()
-    if temperature > 0:
-        logits = logits / temperature
-    return logits, rows
+    model = load_causal_lm(path, torch.float32)
+    use_varlen_attention(model)
+    return model
+
+
+def stitch(parts: list[tuple[list[int], dict[str, Tensor]]], rows: Rows) -> dict[str, Tensor]:
+    """Per-micro-batch ``(b, r)`` outputs (micro-batch row indices, outputs) back to ``(B, R)`` rows of ``rows``
+    on the CPU, 0 at padding and for rows no part covers."""
+    width = rows["responses"].shape[1]
+    stitched: dict[str, Tensor] = {}
+    for idx, result in parts:
+        for key, value in result.items():
+            out = stitched.setdefault(key, torch.zeros(num_rows(rows), width))
+            out[torch.as_tensor(idx)] = pad_right(value.detach().float().cpu(), width, 0.0)
+    return stitched
 
 
 class ActorWorker(DistributedWorker):
     role = "actor"
 
     def init_model(self, total_steps: int) -> dict[str, Any]:
-        from kuberl.trainer.models import load_causal_lm, load_tokenizer, num_params
+        from kuberl.trainer.models import load_tokenizer, num_params
 
         spec = self.spec
         self.tokenizer = load_tokenizer(spec.model.tokenizer_path or spec.model.path)
-        model = load_causal_lm(spec.model.path, torch.float32)
+        model = load_trainer_model(spec.model.path)
         self.ref = None
         if self.plan.uses_reference and spec.model.lora is None:
             self.ref = fsdp.prepare(
-                load_causal_lm(spec.model.path, torch.float32),
+                load_trainer_model(spec.model.path),
                 gradient_checkpointing=False,
                 reshard_after_forward=True,
                 param_offload=spec.actor.fsdp.param_offload,
@@ -363,13 +368,20 @@ class ActorWorker(DistributedWorker):
     # --- log-probs ---
 
     def _log_probs(self, model: nn.Module, rows: Rows, with_entropy: bool) -> dict[str, Tensor]:
-        from kuberl.trainer.losses import entropy_from_logits, log_probs_from_logits
+        """Log-probs (and entropy) of the trimmed rows' response tokens, ``(b, r)``, from one packed forward.
 
-        logits, trimmed = response_logits(model, rows, self.spec.rollout.temperature, self.device)
-        out = {"log_probs": log_probs_from_logits(logits, trimmed["responses"].to(logits.device))}
-        if with_entropy:
-            out["entropy"] = entropy_from_logits(logits)
-        return out
+        Logits are divided by the sampling temperature, as verl does, so that they describe the distribution the
+        rollout sampled from.
+        """
+        from kuberl.trainer.lm_head import packed_response_log_probs
+
+        return packed_response_log_probs(
+            model,
+            pack(trim(rows)),
+            temperature=self.spec.rollout.temperature,
+            with_entropy=with_entropy,
+            device=self.device,
+        )
 
     def compute_log_probs(self, rows: Rows) -> dict[str, Tensor]:
         """Old log-probs and entropy of the current policy, ``(B, R)`` each."""
@@ -403,7 +415,11 @@ class ActorWorker(DistributedWorker):
         )
 
     def policy_loss(self, mb: Rows, total: dict[str, float]) -> MicroLoss:
-        """The PPO clipped policy loss, minus the entropy bonus, plus the KL loss when enabled."""
+        """The PPO clipped policy loss, minus the entropy bonus, plus the KL loss when enabled.
+
+        Without ``old_log_probs`` in the rows (:attr:`ExecutionPlan.old_log_probs_from_update`) they are this
+        forward's, detached, and go back to the driver with the entropy as :attr:`MicroLoss.outputs`.
+        """
         from kuberl.trainer.kl import kl_penalty
         from kuberl.trainer.losses import PolicyLossConfig, agg_loss, policy_loss
 
@@ -414,12 +430,14 @@ class ActorWorker(DistributedWorker):
             "batch_seqs": total["seqs"],
             "loss_scale_factor": float(self.spec.data.max_response_length),
         }
-        out = self._log_probs(self.model, mb, algo.entropy_coef > 0)
+        fused = "old_log_probs" not in mb  # the plan's old_log_probs_from_update: the driver sent none
+        out = self._log_probs(self.model, mb, algo.entropy_coef > 0 or fused)
         log_probs = out["log_probs"]
+        old_log_probs = log_probs.detach() if fused else mb["old_log_probs"]
         mask = mb["response_mask"].float()
         loss, metrics = policy_loss(
             log_probs,
-            mb["old_log_probs"],
+            old_log_probs,
             mb["advantages"],
             mask,
             config=PolicyLossConfig.from_spec(algo),
@@ -435,7 +453,8 @@ class ActorWorker(DistributedWorker):
             loss = loss + kl_loss.coef * kl
             per_batch["kl_loss"] = float(kl.detach())
         per_token = {key: float(metrics[key]) for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")}
-        return MicroLoss(loss, per_batch, per_token)
+        outputs = {"log_probs": old_log_probs, "entropy": out["entropy"].detach()} if fused else {}
+        return MicroLoss(loss, per_batch, per_token, outputs)
 
     # --- checkpoints ---
 
@@ -483,9 +502,11 @@ class ValueModel(nn.Module):
     def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
         self.backbone.gradient_checkpointing_enable(**kwargs)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, position_ids: Tensor, **attention: Any) -> Tensor:
+        """``(1, T)`` packed tokens (:func:`~kuberl.trainer.microbatch.pack`) to ``(1, T)`` values; ``attention``:
+        :meth:`~kuberl.trainer.microbatch.Packed.attention_kwargs`."""
         hidden = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            input_ids=input_ids, position_ids=position_ids, use_cache=False, **attention
         ).last_hidden_state
         values: Tensor = self.value_head(hidden.to(self.value_head.weight.dtype))
         return values.squeeze(-1)
@@ -495,12 +516,11 @@ class CriticWorker(DistributedWorker):
     role = "critic"
 
     def init_model(self, total_steps: int) -> dict[str, Any]:
-        from kuberl.trainer.models import load_causal_lm
 
         spec = self.spec
         critic = spec.critic
         assert critic is not None, "gae needs spec.critic (validation enforces it)"
-        model = ValueModel(load_causal_lm(critic.model_path or spec.model.path, torch.float32))
+        model = ValueModel(load_trainer_model(critic.model_path or spec.model.path))
         self.model = fsdp.prepare(
             model,
             device=self.device,
@@ -514,13 +534,14 @@ class CriticWorker(DistributedWorker):
         return {}
 
     def _values(self, rows: Rows) -> Tensor:
-        rows = trim(rows)
-        input_ids, attention_mask, position_ids = model_inputs(rows)
-        r = rows["responses"].shape[1]
+        """Values of the states before each response token of the trimmed rows, ``(b, r)``, 0 at padding."""
+        packed = pack(trim(rows))
         values: Tensor = self.model(
-            input_ids.to(self.device), attention_mask.to(self.device), position_ids.to(self.device)
+            packed.input_ids.to(self.device),
+            packed.position_ids.to(self.device),
+            **packed.attention_kwargs(self.device),
         )
-        return values[:, -r - 1 : -1].float()
+        return packed.unpack(values[0, packed.predictors.to(self.device)].float())
 
     def compute_values(self, rows: Rows) -> dict[str, Tensor]:
         self.model.eval()

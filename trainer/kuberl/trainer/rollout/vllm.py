@@ -32,7 +32,14 @@ import torch
 from torch import Tensor
 
 from kuberl.trainer.rollout.base import ColocatedRollout, Rollout, RolloutBatch, left_pad, response_mask_from_eos
-from kuberl.trainer.weight_sync import DEFAULT_BUCKET_MB, TRANSPORTS, Bucket, bucketed, rollout_named_tensors
+from kuberl.trainer.weight_sync import (
+    DEFAULT_BUCKET_MB,
+    TRANSPORTS,
+    Bucket,
+    bucketed,
+    flatten,
+    rollout_named_tensors,
+)
 
 LOGPROBS_MODE = "processed_logprobs"
 
@@ -308,10 +315,10 @@ class VLLMRollout(VLLMEngine, ColocatedRollout):
         ``fsdp.full_named_parameters``) keeps at most one bucket of full tensors alive.
         """
         self._wake({"weights"})
-        named = rollout_named_tensors(named_tensors, tied=self.tied, dtype=self.dtype, device=self.device)
-        for bucket in bucketed(named, self.bucket_bytes):
-            self.load_bucket(bucket)
+        for bucket in bucketed(rollout_named_tensors(named_tensors, tied=self.tied), self.bucket_bytes):
+            flat = flatten(bucket, dtype=self.dtype, device=self.device)  # one cast and copy per bucket
             del bucket
+            self.load_bucket(flat.tensors())
         self._weights_stale = False
         if not self._asleep:
             self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
