@@ -1,6 +1,7 @@
 """A learning check per algorithm family on CPU: GRPO (examples/tiny-cpu.yaml), DAPO (examples/dapo-tiny-cpu.yaml:
-clip-higher, token-mean, dynamic sampling, overlong shaping) and GSPO (the GRPO example with the gspo loss) each raise
-the mean reward of the digits task within the GRPO example's 40 steps, same seed, same tiny model.
+clip-higher, token-mean loss, dynamic sampling; its header says why overlong shaping is left out) and GSPO (the GRPO
+example with the gspo loss) each raise the mean reward of the digits task within the GRPO example's 40 steps, same
+seed, same tiny model.
 
 The reward measured is the mean score of every response generated in a step: for DAPO that is
 ``dynamic_sampling/generated_score/mean`` (``critic/score/mean`` covers only the kept groups, which the filter
