@@ -241,7 +241,7 @@ def test_ppo_run_keeps_its_critic() -> None:
 def test_dapo_run_imports_dynamic_sampling_and_the_overlong_penalty() -> None:
     imported = to_rljob(overrides_from_script(DAPO))
     reasons = {key: reason for key, _, reason in imported.unmapped}
-    assert "not implemented" in reasons["data.gen_batch_size"]
+    assert "draws trainBatchSize prompts" in reasons["data.gen_batch_size"]
     spec = imported.document["spec"]
     assert spec["algorithm"]["filterGroups"] == {"enabled": True, "metric": "acc", "maxNumGenBatches": 10}
     assert spec["reward"]["overlongBuffer"]["length"] == 512

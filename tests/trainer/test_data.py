@@ -208,3 +208,28 @@ def test_data_smaller_than_one_batch_names_the_numbers() -> None:
 def test_a_state_past_the_epoch_is_refused() -> None:
     with pytest.raises(DataError, match="past the 2 batches per epoch"):
         PromptLoader(dataset(8), 4, seed=0).load_state_dict({"epoch": 0, "batch_in_epoch": 3})
+
+
+def test_extra_draws_inside_the_epoch_loop_keep_one_sequence_and_resume_exactly() -> None:
+    """The fit loop iterates the loader while dynamic sampling draws extra batches with next_batch: together they
+    hand out the plain sequence once, across epoch ends, and the saved state resumes it."""
+    plain = PromptLoader(dataset(13), 3, seed=7)
+    expected = [[p.index for p in plain.next_batch()] for _ in range(11)]
+
+    def run(loader: PromptLoader, draws: int) -> list[list[int]]:
+        out: list[list[int]] = []
+        while len(out) < draws:
+            for batch in loader:
+                out.append([p.index for p in batch])
+                for _ in range(min(2, draws - len(out))):  # two extra rounds per step, crossing epoch ends
+                    out.append([p.index for p in loader.next_batch()])
+                if len(out) >= draws:
+                    return out
+        return out
+
+    assert run(PromptLoader(dataset(13), 3, seed=7), 11) == expected
+    interrupted = PromptLoader(dataset(13), 3, seed=7)
+    head = run(interrupted, 6)
+    resumed = PromptLoader(dataset(13), 3, seed=7)
+    resumed.load_state_dict(interrupted.state_dict())
+    assert head + run(resumed, 5) == expected

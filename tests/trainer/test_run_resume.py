@@ -52,18 +52,36 @@ def spec(checkpoint_dir: Path) -> dict:
     }
 
 
+def graded_reward(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> dict:
+    """Scores that differ within most groups of a random policy, so dynamic sampling keeps some and drops some."""
+    return {"score": len(solution_str) / 10, "starts_with_digit": float(solution_str[:1].isdigit())}
+
+
+def dapo_remax(checkpoint_dir: Path) -> dict:
+    """Dynamic sampling, the overlong penalty and ReMax's greedy baselines: extra generation rounds move the data
+    position, which the checkpoint must hold."""
+    doc = spec(checkpoint_dir)
+    doc["algorithm"].update(
+        advantageEstimator="remax",
+        filterGroups={"enabled": True, "metric": "seq_reward", "maxNumGenBatches": 50},
+    )
+    doc["reward"] = {"function": f"{__file__}:graded_reward", "overlongBuffer": {"length": 1, "penaltyFactor": 0.5}}
+    return doc
+
+
 def stable(record: dict) -> dict:
     return {k: v for k, v in record.items() if not k.startswith(VOLATILE)}
 
 
 @pytest.mark.timeout(480)
-def test_resumed_run_matches_a_straight_run(tmp_path, local_ray):
+@pytest.mark.parametrize("make_spec", [spec, dapo_remax], ids=["grpo", "dapo-remax"])
+def test_resumed_run_matches_a_straight_run(tmp_path, local_ray, make_spec):
     from kuberl.trainer.run import run_job
 
-    straight = spec(tmp_path / "straight-ckpt")
+    straight = make_spec(tmp_path / "straight-ckpt")
     assert run_job("straight", parse_spec(straight), run_dir=str(tmp_path / "straight"), show_progress=False) == 0
 
-    resumed = spec(tmp_path / "resumed-ckpt")
+    resumed = make_spec(tmp_path / "resumed-ckpt")
     # the first half stops after step 3 (the scheduler still plans for 6 steps: totalSteps stays in the spec) …
     first = dict(resumed, trainer={**resumed["trainer"], "saveFreq": 3})
     from kuberl.trainer import run as run_module
@@ -97,3 +115,8 @@ def test_resumed_run_matches_a_straight_run(tmp_path, local_ray):
             assert y[key] == pytest.approx(x[key], rel=1e-4, abs=1e-6), (x["step"], key)
     # the adaptive KL controller moved, and its state was restored with the checkpoint
     assert a[-1]["actor/reward_kl_penalty_coeff"] != a[0]["actor/reward_kl_penalty_coeff"]
+    if make_spec is dapo_remax:
+        # extra rounds before the checkpoint at step 3 moved the data position it saved
+        assert sum(r["dynamic_sampling/rounds"] for r in a[:3]) > 3
+        assert all(r["dynamic_sampling/kept_groups"] >= 4 for r in a)
+        assert all(r["reward_extra/overlong_penalty/mean"] <= 0 for r in a)

@@ -224,9 +224,15 @@ def api_markdown() -> str:
             "metric is equal for every response are dropped and generation repeats, at most `maxNumGenBatches` "
             "rounds, until `trainBatchSize` prompts remain) and overlong shaping (`reward.overlongBuffer`: "
             "−penaltyFactor·(|y| − (maxResponseLength − length))/length once a response passes "
-            "maxResponseLength − length tokens). `examples/dapo-tiny-cpu.yaml` shows a job. In this release the "
-            "trainer refuses `filterGroups.enabled`, `overlongBuffer` and the `remax` estimator at start (they need "
-            "driver support that is not in yet) rather than ignoring them.",
+            "maxResponseLength − length tokens). `examples/dapo-tiny-cpu.yaml` shows a job. Each generation round "
+            "draws the next `trainBatchSize` prompts from the data (verl's `gen_batch_size` equal to "
+            "`train_batch_size`), so the data position in a checkpoint counts every round; the step trains on "
+            "exactly `trainBatchSize × rolloutN` responses, the first kept groups in generation order, and logs "
+            "`dynamic_sampling/kept_groups`, `dropped_groups`, `rounds` and `generated_score/mean` (the mean score "
+            "over every generated response, which the filter does not bias). The overlong penalty is part of each "
+            "score (`critic/score/*`) and is logged as `reward_extra/overlong_penalty/mean`. `seq_final_reward` "
+            "with `kl.inReward` computes each round's log-probs for the filter. For `remax` each round also "
+            "generates one greedy response per prompt through the same rollout and scores it (the baseline).",
             "",
             "## Status",
             "",

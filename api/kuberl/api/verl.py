@@ -88,7 +88,8 @@ VERL_KEYS: list[VerlKey] = [
     _key(
         "data.gen_batch_size",
         None,
-        "DAPO's dynamic sampling (generate more prompts than trained on) is not implemented",
+        "each dynamic-sampling round (algorithm.filterGroups) draws trainBatchSize prompts; a larger "
+        "generation batch is not offered",
     ),
     _key("data.return_raw_chat", None, "the trainer always keeps the chat-format prompt"),
     # model

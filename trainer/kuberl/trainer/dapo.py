@@ -61,11 +61,13 @@ class DynamicSampler(Generic[T]):
 
     ``add`` one round at a time while ``full`` is false; ``batch`` gives the first ``target_groups`` kept groups,
     in the order they were generated. Group ids are renumbered 0..G−1 so groups of different rounds never meet.
-    Adding a round beyond ``max_rounds`` raises :class:`DynamicSamplingExhausted`.
+    A round that ends ``max_rounds`` without filling it raises :class:`DynamicSamplingExhausted`.
     """
 
     target_groups: int
     max_rounds: int
+    pad_id: int = 0
+    """Fills the response columns of rounds whose responses are shorter than the longest kept one."""
     rounds: int = 0
     kept_groups: int = 0
     dropped_groups: int = 0
@@ -82,14 +84,10 @@ class DynamicSampler(Generic[T]):
         return self.kept_groups >= self.target_groups
 
     def add(self, rows: Rows, items: Sequence[T], group_ids: Tensor, metric: Tensor) -> None:
-        """Keep this round's groups whose metric varies; ``items`` are per-response objects (e.g. the prompts)."""
-        if self.rounds >= self.max_rounds:
-            raise DynamicSamplingExhausted(
-                f"dynamic sampling kept {self.kept_groups} of the {self.target_groups} prompts of batch.trainBatchSize "
-                f"after algorithm.filterGroups.maxNumGenBatches = {self.max_rounds} generation rounds "
-                f"({self.dropped_groups} groups dropped: every response scored the same); raise maxNumGenBatches, "
-                "use easier data, or turn filterGroups off"
-            )
+        """Keep this round's groups whose metric varies; ``items`` are per-response objects (e.g. the prompts).
+
+        Raises :class:`DynamicSamplingExhausted` when this was the last allowed round and the sampler is not full,
+        so no round is generated in vain."""
         self.rounds += 1
         keep = keep_groups(group_ids, metric)
         index = keep.nonzero().squeeze(-1)
@@ -101,6 +99,13 @@ class DynamicSampler(Generic[T]):
         self._groups.append(kept + self.kept_groups)
         self.kept_groups += n_kept
         self.dropped_groups += total - n_kept
+        if not self.full and self.rounds >= self.max_rounds:
+            raise DynamicSamplingExhausted(
+                f"dynamic sampling kept {self.kept_groups} of the {self.target_groups} prompts of batch.trainBatchSize "
+                f"after algorithm.filterGroups.maxNumGenBatches = {self.max_rounds} generation rounds "
+                f"({self.dropped_groups} groups dropped: every response scored the same); raise maxNumGenBatches, "
+                "use easier data, or turn filterGroups off"
+            )
 
     def batch(self) -> tuple[Rows, list[T], Tensor]:
         """The first ``target_groups`` kept groups: rows, per-response items, group ids in 0..target_groups−1."""
@@ -108,7 +113,7 @@ class DynamicSampler(Generic[T]):
             raise RuntimeError(f"dynamic sampler holds {self.kept_groups} of {self.target_groups} groups")
         group_ids = torch.cat(self._groups)
         index = (group_ids < self.target_groups).nonzero().squeeze(-1)
-        rows = select(concat([r for r in self._rows if r["responses"].shape[0]]), index)
+        rows = select(concat([r for r in self._rows if r["responses"].shape[0]], self.pad_id), index)
         return rows, [self._items[i] for i in index.tolist()], group_ids[index]
 
     def metrics(self) -> dict[str, float]:

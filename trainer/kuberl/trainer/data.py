@@ -206,13 +206,23 @@ class PromptLoader:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.dataset))
 
     def __iter__(self) -> Iterator[list[Prompt]]:
-        order = self.order(self.epoch)
-        while self.batch_in_epoch < len(self):
-            start = self.batch_in_epoch * self.batch_size
-            self.batch_in_epoch += 1
-            yield [self.dataset[int(i)] for i in order[start : start + self.batch_size]]
-        self.epoch += 1
-        self.batch_in_epoch = 0
+        """The rest of the current epoch; stops early when :meth:`next_batch` moved on to the next epoch."""
+        epoch = self.epoch
+        while self.epoch == epoch and self.batch_in_epoch < len(self):
+            yield self.next_batch()
+        if self.epoch == epoch:
+            self.epoch += 1
+            self.batch_in_epoch = 0
+
+    def next_batch(self) -> list[Prompt]:
+        """The batch at the current position, moving into the next epoch after the last one (extra generation
+        rounds of dynamic sampling draw here, so the saved position counts them)."""
+        if self.batch_in_epoch >= len(self):
+            self.epoch += 1
+            self.batch_in_epoch = 0
+        start = self.batch_in_epoch * self.batch_size
+        self.batch_in_epoch += 1
+        return [self.dataset[int(i)] for i in self.order(self.epoch)[start : start + self.batch_size]]
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}

@@ -4,7 +4,8 @@
 ``python -m kuberl.trainer.run --spec-file /etc/kuberl/spec.json --name NAME --namespace NS`` and joins the
 cluster it runs in (``ray.init(address="auto")``).
 
-One step, top to bottom (:meth:`Trainer.train_step`): rollout → reward → old log-probs → reference log-probs →
+One step, top to bottom (:meth:`Trainer.train_step`): rollout → reward (:func:`kuberl.trainer.collect.collect_batch`:
+overlong shaping, dynamic sampling, ReMax baselines) → old log-probs → reference log-probs →
 values → advantages (on the driver) → critic update → actor update → weight sync. Validation, checkpoints and
 metrics wrap it in :meth:`Trainer.fit`.
 """
@@ -37,6 +38,7 @@ from kuberl.api.contract import (
 from kuberl.api.status import Progress
 from kuberl.trainer import checkpoint as ckpt
 from kuberl.trainer.advantages import compute_advantages
+from kuberl.trainer.collect import collect_batch, place_at_last_token
 from kuberl.trainer.data import Prompt, PromptDataset, PromptLoader, load_rows
 from kuberl.trainer.kl import apply_kl_in_reward, make_kl_controller
 from kuberl.trainer.metrics import MetricsLogger, Timer
@@ -47,7 +49,6 @@ from kuberl.trainer.rollout import Rollout
 from kuberl.trainer.rollout.layout import RolloutLayout, rollout_pool_labelled
 from kuberl.trainer.status_reporter import StatusReporter
 from kuberl.trainer.step_metrics import data_metrics, perf_metrics, reduce_update_metrics
-from kuberl.trainer.unwired import refuse_unwired
 
 log = logging.getLogger("kuberl.trainer")
 
@@ -81,7 +82,6 @@ class Trainer:
         self.address = address
         self.steps_override = steps
         self.show_progress = show_progress
-        refuse_unwired(spec)
         self.batch_plan = plan_batches(spec)
         self.dp = self.batch_plan.trainer_gpus
         algo = spec.algorithm
@@ -439,16 +439,12 @@ class Trainer:
 
     def train_step(self, prompts: list[Prompt]) -> dict[str, float]:
         spec, algo = self.spec, self.spec.algorithm
-        n = spec.batch.rollout_n
         timer = Timer()
         metrics: dict[str, float] = {}
         with timer("step"):
-            with timer("gen"):
-                rows = self.generate([p.input_ids for p in prompts], n, self.train_sampling())
-            samples = [p for p in prompts for _ in range(n)]
-            group_ids = torch.arange(len(prompts)).repeat_interleave(n)
-            with timer("reward"):
-                scores, extra = self.score(samples, rows)
+            batch = collect_batch(self, prompts, timer)
+            rows, scores, group_ids = batch.rows, batch.scores, batch.group_ids
+            metrics.update(batch.metrics)
             token_scores = place_at_last_token(scores, rows["response_mask"])
             fused = self.plan.old_log_probs_from_update
             if not fused:
@@ -475,7 +471,7 @@ class Trainer:
                     )
                     metrics["actor/reward_kl_penalty"] = mean_kl
                     metrics["actor/reward_kl_penalty_coeff"] = self.kl_ctrl.value
-                    self.kl_ctrl.update(mean_kl, len(samples))
+                    self.kl_ctrl.update(mean_kl, len(batch.samples))
                 advantages, returns = compute_advantages(
                     algo.advantage_estimator,
                     token_rewards,
@@ -485,6 +481,7 @@ class Trainer:
                     gamma=algo.gamma,
                     lam=algo.lam,
                     norm_adv_by_std=algo.norm_adv_by_std,
+                    reward_baselines=batch.reward_baselines,
                 )
                 rows["advantages"], rows["returns"] = advantages, returns
             if self.critic is not None:
@@ -507,7 +504,7 @@ class Trainer:
                 scores,
                 token_rewards,
                 out.get("entropy"),
-                extra,
+                batch.extra_metrics(),
                 max_response_length=spec.data.max_response_length,
                 kl_coef=self.kl_coef(),
             )
@@ -580,7 +577,8 @@ class Trainer:
         results = group.each("update", [(mbs, totals) for mbs in per_rank])
         return reduce_update_metrics(results, role)
 
-    def score(self, samples: list[Prompt], rows: Rows) -> tuple[Tensor, dict[str, float]]:
+    def score(self, samples: list[Prompt], rows: Rows) -> tuple[Tensor, dict[str, Tensor]]:
+        """One score per response, and the reward function's extra numbers per response (NaN where missing)."""
         texts = self.tokenizer.batch_decode(
             [ids[m.bool()] for ids, m in zip(rows["responses"], rows["response_mask"], strict=True)],
             skip_special_tokens=True,
@@ -601,13 +599,10 @@ class Trainer:
         ]
         assert self.reward_fn is not None, "set unless a reward model scores"
         outputs = score_batch(self.reward_fn, inputs)
-        extra: dict[str, list[float]] = {}
-        for o in outputs:
-            for k, v in o.extra.items():
-                extra.setdefault(k, []).append(v)
+        keys = sorted({k for o in outputs for k in o.extra})
         return (
             torch.tensor([o.score for o in outputs], dtype=torch.float32),
-            {f"reward_extra/{k}/mean": float(np.mean(v)) for k, v in extra.items()},
+            {k: torch.tensor([o.extra.get(k, float("nan")) for o in outputs], dtype=torch.float32) for k in keys},
         )
 
     # --- validation ------------------------------------------------------------------------------------------
@@ -660,14 +655,6 @@ class Trainer:
                 ray.util.remove_placement_group(self.pg)
         if self.ray_started_here:
             ray.shutdown()
-
-
-def place_at_last_token(scores: Tensor, response_mask: Tensor) -> Tensor:
-    """Sequence scores as token rewards on each response's last valid token, ``(B, R)`` (verl's placement)."""
-    token_scores = torch.zeros(response_mask.shape, dtype=torch.float32)
-    last = (response_mask.sum(-1) - 1).clamp(min=0).long()
-    token_scores[torch.arange(len(scores)), last] = scores
-    return token_scores
 
 
 # --- entry points ----------------------------------------------------------------------------------------------
