@@ -53,6 +53,23 @@ SERVICE_HOST = re.compile(r"([a-z0-9-]+)\.([a-z0-9-]+)\.svc\.cluster\.local:(\d+
 HOP_HEADERS = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "transfer-encoding", "upgrade"}
 
 
+def process_tree(root: int) -> list[int]:
+    """`root` and all its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
 @dataclass
 class Head:
     """One Ray head process: the head pod's container."""
@@ -69,8 +86,12 @@ class Head:
     error: str = ""
 
     def kill(self) -> None:
+        """The container dies with everything in it: the job's driver, whose shell Ray starts in a session of its
+        own, included (found before the kill, while still a descendant)."""
         if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            for pid in process_tree(self.process.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             self.process.wait()
         if self.service is not None:
             self.service.shutdown()
