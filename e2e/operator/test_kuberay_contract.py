@@ -25,6 +25,7 @@ from e2e.fixtures import require_tools
 from e2e.harness import REPO_ROOT, Cluster
 from e2e.kubelet import FakeNode, StandInKubelet
 from e2e.kuberay import KubeRay
+from e2e.operator.conftest import add_trainer_service_account
 from e2e.operator.process import OperatorProcess
 from e2e.operator.test_operator import Kube, wait_until
 from e2e.raypods import LocalRayPods
@@ -44,7 +45,6 @@ class KubeRayRefused(AssertionError):
 
 
 EXAMPLE = REPO_ROOT / "examples" / "tiny-cpu.yaml"
-TRAINER_SA = "kuberl-trainer"
 RUN_TIMEOUT = 420.0  # a Ray head, the trainer's start and a few steps on 2 busy cores, plus KubeRay's 3 s polls
 
 
@@ -129,8 +129,7 @@ def stack(cluster: Cluster, operator: OperatorProcess, namespace: str, tmp_path:
     pods = LocalRayPods(
         kube, namespace, tmp_path / "pods", pod_env={"KUBECONFIG": str(cluster.kubeconfig), "OMP_NUM_THREADS": "1"}
     )
-    trainer = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": TRAINER_SA}}
-    cluster.apply(trainer, namespace=namespace)  # the chart's; the trainer itself reports with `pod_env`'s KUBECONFIG
+    add_trainer_service_account(cluster, namespace)  # the trainer itself reports with `pod_env`'s KUBECONFIG
     kuberay = KubeRay(cluster, namespaces=(namespace,), log_dir=tmp_path / "kuberay", env=pods.proxy_env())
     kubelet = StandInKubelet(
         kube, namespace, [FakeNode(f"big-{namespace[-6:]}", cpu="32", memory="128Gi")], containers=pods
