@@ -47,7 +47,8 @@ WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 def apiserver_writes(cluster: Cluster) -> dict[str, float]:
-    """Write requests the apiserver has served so far, by `resource[/subresource]` (its own counter)."""
+    """Write requests the apiserver has served so far, by `resource[/subresource]` (its own counter); refused ones
+    under `resource[/subresource] <code>`."""
     from prometheus_client.parser import text_string_to_metric_families
 
     status, body = cluster.request("GET", "/metrics")
@@ -60,6 +61,8 @@ def apiserver_writes(cluster: Cluster) -> dict[str, float]:
             labels = sample.labels
             if sample.name.endswith("_total") and labels.get("verb") in WRITE_VERBS:
                 key = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+                if labels.get("code", "200").startswith(("4", "5")):  # refused writes (409 conflicts) apart
+                    key += f" {labels['code']}"
                 writes[key] = writes.get(key, 0.0) + sample.value
     return writes
 

@@ -11,8 +11,10 @@ What it does, as kube-scheduler and a kubelet would (one thread, polling every `
   nvidia.com/gpu.`) and a `FailedScheduling` Event;
 - runs a bound pod: Running and Ready, a pod IP, started containers; a container whose image is in
   `pull_failures` waits in `ImagePullBackOff` (with a `Failed` Event), one in `crash_images` in `CrashLoopBackOff`;
-- completes a pod of a Job (`batch.kubernetes.io/job-name`) with `Succeeded`, exit code 0;
-- honours deletion: a pod with a deletionTimestamp is deleted with grace period 0.
+- completes a pod of a Job (`batch.kubernetes.io/job-name`) with `Succeeded`, exit code 0; or, given
+  `containers` (`e2e/raypods.py`), really runs the Ray pods' containers: a pod is ContainerCreating until its
+  container runs, and ends Succeeded or Failed with the container's exit code;
+- honours deletion: a pod with a deletionTimestamp is deleted with grace period 0 (its processes killed).
 The image sets may change while it runs (a pull that starts to work, as after a fixed registry secret).
 """
 
@@ -22,7 +24,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -30,6 +32,14 @@ from kubernetes.utils import parse_quantity
 
 GPU = "nvidia.com/gpu"
 JOB_LABEL = "batch.kubernetes.io/job-name"
+
+
+class Containers(Protocol):
+    """What runs a pod's containers: "creating", "running", or the exit code; `forget` when the pod is deleted."""
+
+    def state(self, pod: dict[str, Any]) -> str | int: ...
+
+    def forget(self, name: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -70,12 +80,14 @@ class StandInKubelet:
         nodes: Iterable[FakeNode],
         *,
         period: float = 0.3,
+        containers: Containers | None = None,
     ) -> None:
         self.core = client.CoreV1Api(api_client)
         self.sanitize = api_client.sanitize_for_serialization
         self.namespace = namespace
         self.nodes = list(nodes)
         self.period = period
+        self.containers = containers
         self.pull_failures: set[str] = set()
         self.crash_images: set[str] = set()
         self._stop = threading.Event()
@@ -150,6 +162,8 @@ class StandInKubelet:
                 self._run(pod)
 
     def _delete(self, name: str) -> None:
+        if self.containers is not None:
+            self.containers.forget(name)
         try:
             self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
         except ApiException as exc:
@@ -202,7 +216,12 @@ class StandInKubelet:
             return
         name = meta["name"]
         job = (meta.get("labels") or {}).get(JOB_LABEL)
-        states, ready = [], True
+        images = {c.get("image", "") for c in spec["containers"]}
+        blocked = bool(images & (self.pull_failures | self.crash_images))
+        ran: str | int = 0 if job else "running"
+        if self.containers is not None and not blocked:
+            ran = self.containers.state(pod)
+        states, ready, exited = [], ran == "running" and not blocked, isinstance(ran, int) and not blocked
         for container in spec["containers"]:
             image = container.get("image", "")
             if image in self.pull_failures:
@@ -210,13 +229,14 @@ class StandInKubelet:
                 state = {"waiting": {"reason": "ImagePullBackOff", "message": message}}
                 if self._first(name, message):
                     self._event(pod, "Failed", f'Failed to pull image "{image}": not found', "kubelet")
-                ready = False
             elif image in self.crash_images:
                 message = f"back-off 10s restarting failed container={container['name']} pod={name}"
                 state = {"waiting": {"reason": "CrashLoopBackOff", "message": message}}
-                ready = False
-            elif job:
-                state = {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": _now()}}
+            elif exited:
+                reason = "Completed" if ran == 0 else "Error"
+                state = {"terminated": {"exitCode": ran, "reason": reason, "finishedAt": _now()}}
+            elif ran == "creating":
+                state = {"waiting": {"reason": "ContainerCreating"}}
             else:
                 state = {"running": {"startedAt": _now()}}
             last = {"terminated": {"exitCode": 1, "reason": "Error"}} if image in self.crash_images else {}
@@ -225,22 +245,22 @@ class StandInKubelet:
                     "name": container["name"],
                     "image": image,
                     "imageID": "",
-                    "ready": ready and not job,
+                    "ready": ready,
                     "restartCount": 0,
                     "started": ready,
                     "state": state,
                     "lastState": last,
                 }
             )
-        phase = "Succeeded" if job and ready else ("Running" if ready else "Pending")
+        phase = ("Succeeded" if ran == 0 else "Failed") if exited else ("Running" if ready else "Pending")
         key = f"{phase}/{ready}/{[sorted(s['state']) for s in states]}"
         if not self._first(name, key) and status.get("phase") == phase:
             return
         conditions = [
             {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()},
             {"type": "Initialized", "status": "True", "lastTransitionTime": _now()},
-            {"type": "ContainersReady", "status": str(ready and not job), "lastTransitionTime": _now()},
-            {"type": "Ready", "status": str(ready and not job), "lastTransitionTime": _now()},
+            {"type": "ContainersReady", "status": str(ready), "lastTransitionTime": _now()},
+            {"type": "Ready", "status": str(ready), "lastTransitionTime": _now()},
         ]
         body = {
             "status": {

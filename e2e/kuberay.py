@@ -12,6 +12,7 @@ keeps the other namespaces of the session to itself.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -57,6 +58,8 @@ class KubeRay:
     cluster: Cluster
     namespaces: tuple[str, ...]
     log_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment, e.g. `LocalRayPods.proxy_env()` so that its dashboard client reaches the Ray heads."""
     health_port: int = field(default_factory=free_port)
     popen: subprocess.Popen[bytes] | None = field(init=False, default=None)
 
@@ -81,7 +84,12 @@ class KubeRay:
         ]
         with open(self.log_path, "wb") as log:
             self.popen = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
+                preexec_fn=_die_with_parent,
             )
         self._wait_ready(timeout)
         return self

@@ -52,10 +52,19 @@ def operator(cluster: Cluster, rljob_crd: dict, namespace: str, tmp_path: Path) 
         print(proc.logs()[-20000:])
 
 
+TRAINER_SA = "kuberl-trainer"
+
+
+def add_trainer_service_account(cluster: Cluster, namespace: str) -> None:
+    """The Ray pods' ServiceAccount, which the chart creates: without it KubeRay's pod creation is forbidden."""
+    cluster.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": TRAINER_SA}}, namespace=namespace)
+
+
 @pytest.fixture
 def kuberay(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[KubeRay]:
     """KubeRay's real controller watching the test's namespace, with its own ClusterRole; its log on teardown."""
     require_tools(cluster.tools, ["ray-operator"])
+    add_trainer_service_account(cluster, namespace)
     running = KubeRay(cluster, namespaces=(namespace,), log_dir=tmp_path / "kuberay").start()
     try:
         yield running

@@ -573,7 +573,9 @@ def apply_update(
 def on_rayjob(api: Api, rayjob: dict[str, Any], *, deleted: bool = False) -> None:
     """A watched RayJob changed: recompute its owner's status.
 
-    The RayJob from the watch event is used as is for the first attempt (deleted: None); the RLJob is read.
+    The RayJob from the watch event is used as is for the first attempt (deleted: None); the RLJob is read. Until
+    the create handler has written the first status, an event changes nothing: written here too, the first status
+    took two writes (this one racing the handler's, which adds Valid) instead of one.
     kopf does not retry event handlers: a write that fails here is redone by the next resync (`ownership.resync_all`).
     """
     meta = rayjob.get("metadata") or {}
@@ -582,7 +584,13 @@ def on_rayjob(api: Api, rayjob: dict[str, Any], *, deleted: bool = False) -> Non
     )
     if owner is None:
         return
-    sync_status(api, meta["namespace"], owner["name"], uid=owner["uid"], rayjob=None if deleted else rayjob)
+
+    def compute(old: dict[str, Any], rayjob: dict[str, Any] | None) -> tuple[dict[str, Any], list[Event]]:
+        if not old.get("rayJobName"):  # the create handler writes the first status (with Valid) itself: one write
+            return old, []
+        return next_status(old, rayjob)
+
+    write_status(api, meta["namespace"], owner["name"], compute, uid=owner["uid"], rayjob=None if deleted else rayjob)
 
 
 __all__ = [

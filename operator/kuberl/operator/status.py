@@ -234,7 +234,6 @@ def next_status(
         if old_phase is None and rayjob is None:
             new["phase"] = str(Phase.PENDING)
             new["message"] = "creating the RayJob"
-            events.append(Event("Normal", "Pending", new["message"]))
         new["conditions"] = sort_conditions(conditions)
         return _clean(new), events
 
@@ -311,7 +310,8 @@ def next_status(
                 f"({new['restarts']} restart{'s' if new['restarts'] != 1 else ''} so far)",
             )
         )
-    if obs.phase != old_phase:
+    # a new RLJob's first phase, Pending, is no news (its creation is): one Event write per RLJob less
+    if obs.phase != old_phase and not (old_phase is None and obs.phase == Phase.PENDING):
         if old_phase == Phase.SUSPENDED and obs.phase != Phase.SUSPENDED:
             events.append(Event("Normal", "Resumed", f"resumed; {obs.message}"))
         if not (obs.phase == Phase.RESTARTING and events and events[-1].reason == "Restarting"):

@@ -1,0 +1,214 @@
+"""The RLJob contract on KubeRay's real controller: success, retry with resume, suspend and resume.
+
+Everything KubeRay does is its own: RayCluster, head Service, submitter Job (K8sJobMode, as the operator renders
+it), status polling through the Ray dashboard's job API, retries on a new cluster, suspension. The stand-in kubelet
+(`e2e/kubelet.py`) runs the Ray pods' containers on this machine (`e2e/raypods.py`): each head pod is a real local
+Ray head, each submitter pod runs KubeRay's `ray job submit` command, which starts the real trainer entrypoint.
+Faults are real: the trainer process is killed with SIGKILL. Each job is the tiny CPU example cut to a few steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.fixtures import require_tools
+from e2e.harness import REPO_ROOT, Cluster
+from e2e.kubelet import FakeNode, StandInKubelet
+from e2e.kuberay import KubeRay
+from e2e.operator.conftest import add_trainer_service_account
+from e2e.operator.process import OperatorProcess
+from e2e.operator.test_operator import Kube, wait_until
+from e2e.raypods import LocalRayPods
+
+pytestmark = pytest.mark.slow
+
+# KubeRay v1.5.0's dashboard client (controllers/ray/utils/dashboardclient) sends no Ray token, and the operator
+# turns Ray's token authentication on in every cluster (issue 15): each `GET /api/jobs/<id>` of KubeRay's status
+# poll is refused with 401, so the RayJob never leaves Running. The submitter, which has the token, does submit.
+# Until the operator and KubeRay agree on authentication, the first test runs and must fail at that 401 (strict: it
+# fails loudly once fixed, so that these markers go); the other two fail at the same point and do not run.
+TOKEN_GAP = "KubeRay v1.5's dashboard client sends no Ray token: its job status poll gets 401"
+
+
+class KubeRayRefused(AssertionError):
+    """The Ray dashboard refused a call of KubeRay's controller (401): the token gap, and nothing else."""
+
+
+EXAMPLE = REPO_ROOT / "examples" / "tiny-cpu.yaml"
+RUN_TIMEOUT = 420.0  # a Ray head, the trainer's start and a few steps on 2 busy cores, plus KubeRay's 3 s polls
+
+
+@dataclass
+class RealStack:
+    cluster: Cluster
+    k: Kube
+    operator: OperatorProcess
+    kuberay: KubeRay
+    pods: LocalRayPods
+
+    def apply(self, name: str, run_policy: dict[str, Any] | None = None, **trainer: Any) -> Path:
+        """`kubectl apply` the tiny example as `name`, its data in the job's folder; returns that folder."""
+        job = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
+        job["metadata"]["name"] = name
+        job["spec"]["trainer"].update(
+            testFreq=-1, valBeforeTrain=False, metricsPort=0, checkpointDir="checkpoints", **trainer
+        )
+        job["spec"]["runPolicy"] = run_policy or {}
+        workdir = self.pods.pod_root / name
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "examples").symlink_to(REPO_ROOT / "examples")
+        self.cluster.kubectl("apply", "-n", self.k.ns, "-f", "-", input=json.dumps(job))
+        return workdir
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.k.rljob(name).get("status") or {}
+
+    def wait_phase(self, name: str, phase: str, timeout: float = RUN_TIMEOUT) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            status = self.status(name)
+            assert status.get("phase") != "Failed" or phase == "Failed", f"{status}\n{self.diagnostics(name)}"
+            blocked = [
+                c for c in status.get("conditions") or [] if c["type"] == "ClusterReady" and c["status"] == "False"
+            ]
+            assert not blocked or blocked[0]["reason"] == "Unschedulable", f"{blocked}\n{self.diagnostics(name)}"
+            if refused := self.pods.unauthorized():
+                raise KubeRayRefused(f"KubeRay's dashboard client was refused: {refused[:3]}")
+            return status if status.get("phase") == phase else None
+
+        try:
+            return wait_until(f"RLJob {name} {phase}", reached, timeout=timeout, interval=1)
+        except AssertionError as exc:
+            raise type(exc)(f"{exc}\n{self.diagnostics(name)}") from None
+
+    def diagnostics(self, name: str) -> str:
+        parts = []
+        for kind in ("rljob", "rayjob"):
+            got = self.cluster.kubectl("get", kind, name, "-n", self.k.ns, "-o", "yaml", check=False)
+            parts.append(got.stdout[-2500:] or got.stderr)
+        for log in sorted(self.pods.pod_root.glob("**/*.log")):
+            parts.append(f"--- {log.name}\n{log.read_text(errors='replace')[-2000:]}")
+        for driver in sorted(Path("/tmp").glob("krl-*/session_*/logs/job-driver-*.log")):
+            parts.append(f"--- {driver.name}\n{driver.read_text(errors='replace')[-2000:]}")
+        parts.append(f"--- ray-operator\n{self.kuberay.log_tail(40)}")
+        return "\n".join(parts)
+
+
+def logged_steps(workdir: Path, name: str) -> list[int]:
+    metrics = workdir / "runs" / name / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    return [json.loads(line)["step"] for line in lines]
+
+
+def trainer_pids(name: str, namespace: str) -> list[int]:
+    """The trainer processes of RLJob `namespace/name` (the entrypoint's `python -m ...trainer`)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--spec-file" in argv and name.encode() in argv and namespace.encode() in argv and b"-m" in argv:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.fixture
+def stack(cluster: Cluster, operator: OperatorProcess, namespace: str, tmp_path: Path) -> Iterator[RealStack]:
+    require_tools(cluster.tools, ["ray-operator"])
+    kube = cluster.api_client()
+    pods = LocalRayPods(
+        kube, namespace, tmp_path / "pods", pod_env={"KUBECONFIG": str(cluster.kubeconfig), "OMP_NUM_THREADS": "1"}
+    )
+    add_trainer_service_account(cluster, namespace)  # the trainer itself reports with `pod_env`'s KUBECONFIG
+    kuberay = KubeRay(cluster, namespaces=(namespace,), log_dir=tmp_path / "kuberay", env=pods.proxy_env())
+    kubelet = StandInKubelet(
+        kube, namespace, [FakeNode(f"big-{namespace[-6:]}", cpu="32", memory="128Gi")], containers=pods
+    )
+    kuberay.start()
+    kubelet.start()
+    try:
+        yield RealStack(cluster, Kube(kube, namespace), operator, kuberay, pods)
+    finally:
+        kubelet.stop()
+        kuberay.stop()
+        pods.stop()
+        print(kuberay.log_tail(200))
+
+
+@pytest.mark.xfail(strict=True, raises=KubeRayRefused, reason=TOKEN_GAP)
+def test_apply_runs_the_trainer_to_succeeded_with_its_progress(stack: RealStack) -> None:
+    name, total = "contract-ok", 4
+    stack.apply(name, totalSteps=total, saveFreq=total)
+    status = stack.wait_phase(name, "Succeeded")
+    progress = status["progress"]
+    assert progress["step"] == progress["totalSteps"] == total
+    assert progress["rewardMean"] is not None and progress["lastCheckpoint"]
+    rayjob = stack.k.rayjob(name)
+    assert rayjob["spec"]["submissionMode"] == "K8sJobMode" and rayjob["status"]["jobStatus"] == "SUCCEEDED"
+    assert rayjob["status"]["jobDeploymentStatus"] == "Complete"
+
+
+@pytest.mark.xfail(run=False, reason=TOKEN_GAP)
+def test_a_killed_trainer_is_retried_on_a_new_cluster_and_resumes_from_its_checkpoint(stack: RealStack) -> None:
+    name, total = "contract-retry", 12
+    workdir = stack.apply(name, {"backoffLimit": 1}, totalSteps=total, saveFreq=1, maxCheckpoints=2)
+    # with saveFreq 1 every logged step was checkpointed first (the trainer saves, then logs)
+    wait_until("two trained steps", lambda: len(logged_steps(workdir, name)) >= 2, timeout=RUN_TIMEOUT, interval=0.5)
+    first_cluster = stack.k.rayjob(name)["status"]["rayClusterName"]
+    pids = trainer_pids(name, stack.k.ns)
+    assert pids, "the trainer process of the first attempt"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    killed_after = len(logged_steps(workdir, name))
+    assert killed_after < total, "the job finished before it could be killed; make it longer"
+
+    status = stack.wait_phase(name, "Succeeded")
+    assert status["restarts"] == 1
+    assert status["progress"]["step"] == total
+    assert stack.k.rayjob(name)["status"]["rayClusterName"] != first_cluster, "KubeRay retried on a new cluster"
+    steps = logged_steps(workdir, name)
+    assert steps == list(range(1, total + 1)), f"each step trained once, in order, across both attempts: {steps}"
+
+
+@pytest.mark.xfail(run=False, reason=TOKEN_GAP)
+def test_suspend_deletes_the_ray_cluster_and_resume_continues_from_the_checkpoint(stack: RealStack) -> None:
+    name, total = "contract-suspend", 12
+    workdir = stack.apply(name, totalSteps=total, saveFreq=1, maxCheckpoints=2)
+    wait_until("two trained steps", lambda: len(logged_steps(workdir, name)) >= 2, timeout=RUN_TIMEOUT, interval=0.5)
+
+    def set_suspend(value: bool) -> None:
+        body = {"spec": {"runPolicy": {"suspend": value}}}
+        stack.k.custom.patch_namespaced_custom_object("kuberl.io", "v1alpha1", stack.k.ns, "rljobs", name, body)
+
+    set_suspend(True)
+    stack.wait_phase(name, "Suspended", timeout=60)
+    selector = f"ray.io/originated-from-cr-name={name}"
+    wait_until(
+        "the Ray cluster and its pods deleted",
+        lambda: (
+            not stack.k.custom.list_namespaced_custom_object(
+                "ray.io", "v1", stack.k.ns, "rayclusters", label_selector=selector
+            )["items"]
+            and not stack.k.core.list_namespaced_pod(stack.k.ns, label_selector="ray.io/node-type=head").items
+        ),
+        timeout=60,
+    )
+    assert not trainer_pids(name, stack.k.ns), "the trainer died with its Ray head"
+    suspended_after = logged_steps(workdir, name)
+    assert len(suspended_after) < total, "the job finished before it could be suspended; make it longer"
+
+    set_suspend(False)
+    status = stack.wait_phase(name, "Succeeded")
+    assert status["progress"]["step"] == total
+    steps = logged_steps(workdir, name)
+    assert steps == list(range(1, total + 1)), f"each step trained once, in order, across suspension: {steps}"
