@@ -304,8 +304,10 @@ class AgentTool(SpecModel):
         "", description="What the tool does; passed to the chat template's tools list when it has one."
     )
     timeout_seconds: float = Field(
-        5.0, gt=0, le=600, description="Wall-clock limit of one call; a call past it is killed and the policy "
-        "sees a timeout observation."
+        5.0,
+        gt=0,
+        le=600,
+        description="Wall-clock limit of one call; a call past it is killed and the policy sees a timeout observation.",
     )
     max_output_chars: int = Field(
         1024, ge=1, le=65536, description="Characters of the tool's output the policy sees; longer output is cut."
