@@ -33,7 +33,7 @@ MACROS: dict[str, str] = {
     "SEQ_LEN": "(self.data.maxPromptLength + self.data.maxResponseLength)",
     "ACTIVE_PHASES": "[" + ", ".join(f"'{p}'" for p in sorted(ACTIVE_PHASES)) + "]",
     "AGENT_BUILTIN_TOOLS": "[" + ", ".join(f"'{t}'" for t in AGENT_BUILTIN_TOOLS) + "]",
-    "CALLABLE_PATH": "'^[A-Za-z_][\\\\w./-]*:[A-Za-z_]\\\\w*$'",
+    "CALLABLE_PATH": "'^[A-Za-z_./~][\\\\w./~-]*:[A-Za-z_]\\\\w*$'",
     # environment variable names that hold credentials (matched case-insensitively, anywhere in the name)
     "CREDENTIAL_NAME": "'(?i)(PASSWORD|PASSWD|SECRET|TOKEN|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL)'",
 }

@@ -286,7 +286,7 @@ class Validation(SpecModel):
 AGENT_BUILTIN_TOOLS = ("calculator", "python_expr")
 """Tools the trainer ships (kuberl.trainer.rollout.tools); a tool named so needs no function."""
 
-CallablePath = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_][\w./-]*:[A-Za-z_]\w*$")]
+CallablePath = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_./~][\w./~-]*:[A-Za-z_]\w*$")]
 """``package.module:name`` or ``path/to/file.py:name``."""
 
 
@@ -299,9 +299,6 @@ class AgentTool(SpecModel):
         description='A builtin (calculator, python_expr) or "module:function" / "file.py:function" called with the '
         "call's arguments as keywords; returns a string (or anything str() turns into one). Defaults to the builtin "
         "of the tool's name.",
-    )
-    description: Annotated[str, Field(max_length=1024)] = Field(
-        "", description="What the tool does; passed to the chat template's tools list when it has one."
     )
     timeout_seconds: float = Field(
         5.0,
