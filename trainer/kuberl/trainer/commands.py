@@ -16,7 +16,7 @@ from kuberl.api.overrides import add_set_argument
 
 Handler = Callable[[argparse.Namespace], int]
 
-DATA_TASKS = ("gsm8k-synth", "digits")
+DATA_TASKS = ("gsm8k-synth", "digits", "arithmetic")
 
 
 def add_commands(
@@ -54,7 +54,11 @@ def add_commands(
     plot_p.set_defaults(func=make_handler("plot"))
 
     data_p = sub.add_parser("data", help="generate a dataset in verl's schema")
-    data_p.add_argument("task", choices=DATA_TASKS, help="gsm8k-synth: GSM8K-like word problems; digits: tiny models")
+    data_p.add_argument(
+        "task",
+        choices=DATA_TASKS,
+        help="gsm8k-synth: GSM8K-like word problems; digits: tiny models; arithmetic: calculator tool (rollout.agent)",
+    )
     data_p.add_argument("--out", required=True, help=".parquet or .jsonl")
     data_p.add_argument("--n", type=int, default=1000, help="rows")
     data_p.add_argument("--seed", type=int, default=0)
@@ -253,6 +257,8 @@ def data(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    elif args.task == "arithmetic":
+        datagen.main_arithmetic(args.out, args.n, args.seed, args.split)
     else:
         datagen.main_digit_copy(args.out, args.n, args.seed, args.split)
     return 0

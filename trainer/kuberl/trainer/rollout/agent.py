@@ -150,6 +150,8 @@ class Trajectory:
     turns: int = 0
     calls: list[dict[str, Any]] = field(default_factory=list)
     """Per tool call (or environment step): tool, arguments, ok, timed_out, seconds, output or error."""
+    messages: list[dict[str, str]] = field(default_factory=list)
+    """The turns as chat messages: assistant (policy text, special tokens dropped) and tool (observation text)."""
     environment_reward: float = 0.0
     stop: str = ""
     """Why it ended: eos, no_call, max_turns, budget, environment_done, environment_error."""
@@ -240,6 +242,7 @@ class AgentLoop:
         if log_probs is not None:
             log_probs = log_probs[: len(ids)]
         t.extend(ids, True, log_probs)
+        t.messages.append({"role": "assistant", "content": self.decode(ids, special=False)})
         t.turns += 1
         ended_by_eos = bool(ids) and ids[-1] in self.eos_ids
         if self.tools and call is None:
@@ -252,7 +255,7 @@ class AgentLoop:
         if call is not None:
             return None if t.done else call
         # an environment sees every turn, the last one too: its step reward counts
-        return self.decode(ids, special=False)
+        return t.messages[-1]["content"]
 
     def decode(self, ids: list[int], *, special: bool) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=not special))
@@ -335,6 +338,7 @@ class AgentLoop:
 
     def append_observation(self, t: Trajectory, text: str) -> None:
         ended_by_eos = bool(t.tokens) and t.tokens[-1] in self.eos_ids
+        t.messages.append({"role": "tool", "content": text})
         ids = self.renderer.ids(text, after_eos=ended_by_eos)
         room = self.budget - len(t.tokens)
         t.extend(ids[:room], False)
@@ -400,7 +404,13 @@ class AgentLoop:
     def trajectory_info(self, index: int) -> dict[str, Any]:
         """What the reward function finds under ``extra_info["trajectory"]``."""
         t = self.last[index]
-        return {"turns": t.turns, "calls": t.calls, "stop": t.stop, "environment_reward": t.environment_reward}
+        return {
+            "turns": t.turns,
+            "messages": t.messages,
+            "calls": t.calls,
+            "stop": t.stop,
+            "environment_reward": t.environment_reward,
+        }
 
     def environment_scores(self) -> torch.Tensor:
         return torch.tensor([t.environment_reward for t in self.last], dtype=torch.float32)
