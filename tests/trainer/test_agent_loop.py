@@ -237,3 +237,22 @@ def test_environment_rewards_are_summed_and_observations_masked(tmp_path: Path) 
     assert rows["response_mask"][0].tolist() == [0] * len(reset) + [1] * len(go) + [0] * len(step) + [1] * len(go)
     assert agent.environment_scores().tolist() == [1.0]
     assert agent.last[0].stop == "environment_done"
+
+
+def test_final_answer_scores_the_last_policy_turn_not_the_tool_output(calculator_loop: AgentLoop) -> None:
+    from kuberl.trainer.rewards import final_answer
+
+    policy = ScriptedPolicy({"Q": [call("12*34"), "It is 408<|im_end|>"], "R": [call("12*34"), "no idea<|im_end|>"]})
+    calculator_loop.generate([enc("Q"), enc("R")], 1, policy)
+    texts = calculator_loop.texts()
+    scores = [
+        final_answer("kuberl/arithmetic", text, "408", {"trajectory": calculator_loop.trajectory_info(i)})
+        for i, text in enumerate(texts)
+    ]
+    assert "408" in texts[1]  # the tool printed it, the policy did not say it
+    assert scores == [1.0, 0.0]
+    assert calculator_loop.trajectory_info(0)["messages"] == [
+        {"role": "assistant", "content": call("12*34")},
+        {"role": "tool", "content": "408"},
+        {"role": "assistant", "content": "It is 408"},
+    ]
