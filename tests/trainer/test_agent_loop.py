@@ -7,6 +7,7 @@ written out: ``enc("abc")`` is one id per character.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ CALCULATOR = {"tools": [{"name": "calculator"}], "maxTurns": 3}
 
 
 @pytest.fixture
-def calculator_loop() -> Any:
+def calculator_loop() -> Iterator[AgentLoop]:
     agent = loop(CALCULATOR)
     yield agent
     agent.close()
@@ -153,7 +154,7 @@ def test_a_tool_that_raises_is_an_observation_naming_the_call(tmp_path: Path) ->
         agent.generate([enc("Q")], 1, policy)
     finally:
         agent.close()
-    observation = TOKENIZER.decode(policy.calls[1][0][0], skip_special_tokens=True)
+    observation = str(TOKENIZER.decode(policy.calls[1][0][0], skip_special_tokens=True))
     assert observation.endswith('error: lookup({"key": "k1"}) raised KeyError: \'k1\'\nassistant\n')
     assert agent.metrics()["agent/tool_error_rate"] == 1.0
 

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -26,7 +27,7 @@ class Echo:
 """
 
 
-def run(tmp_path: Path, agent: dict, steps: int = 2) -> list[dict]:
+def run(tmp_path: Path, agent: dict[str, Any], steps: int = 2) -> list[dict[str, Any]]:
     doc = yaml.safe_load((REPO / "examples" / "agent-calculator-cpu.yaml").read_text())
     spec = doc["spec"]
     spec["rollout"]["agent"] = agent

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,7 @@ def call(tool: str, timeout: float = 5.0, **arguments: object) -> Request:
 
 
 @pytest.fixture(scope="module")
-def pool(tmp_path_factory: pytest.TempPathFactory) -> ToolPool:
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ToolPool]:
     folder = tmp_path_factory.mktemp("tools")
     (folder / "user.py").write_text(
         "import os, time\n"
