@@ -526,6 +526,48 @@ INVALID_CASES: list[InvalidCase] = [
         "schema",
         _set("spec.algorithm.policyLoss", {"lossMode": "kl_cov", "klCovRatio": 0}),
     ),
+    # --- multi-turn agent rollouts (issue 21) ---
+    _case(
+        "agent-without-tools",
+        "spec.rollout.agent",
+        "agent-tools-or-environment",
+        _set("spec.rollout.agent", {"maxTurns": 3}),
+        "0 tool(s) and no environment",
+    ),
+    _case(
+        "agent-tools-and-environment",
+        "spec.rollout.agent",
+        "agent-tools-or-environment",
+        _set("spec.rollout.agent", {"tools": [{"name": "calculator"}], "environment": {"class": "envs:Maze"}}),
+        "1 tool(s) and an environment",
+    ),
+    _case(
+        "agent-tool-twice",
+        "spec.rollout.agent.tools",
+        "agent-tool-names-unique",
+        _set("spec.rollout.agent", {"tools": [{"name": "calculator"}, {"name": "calculator"}]}),
+        "twice (calculator)",
+    ),
+    _case(
+        "agent-tool-unknown-builtin",
+        "spec.rollout.agent.tools",
+        "agent-tool-function-resolvable",
+        _set("spec.rollout.agent", {"tools": [{"name": "search"}]}),
+        "rollout.agent.tools search",
+    ),
+    _case(
+        "agent-tool-function-not-a-path",
+        "spec.rollout.agent.tools",
+        "agent-tool-function-resolvable",
+        _set("spec.rollout.agent", {"tools": [{"name": "lookup", "function": "tools.lookup"}]}),
+        "rollout.agent.tools lookup",
+    ),
+    _case(
+        "agent-max-turns-zero",
+        "spec.rollout.agent.maxTurns",
+        "schema",
+        _set("spec.rollout.agent", {"tools": [{"name": "calculator"}], "maxTurns": 0}),
+    ),
 ]
 
 INVALID_CASES += [

@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import Literal
 
 from kuberl.api.contract import CHECKPOINT_MOUNT
+from kuberl.api.spec import AGENT_BUILTIN_TOOLS
 from kuberl.api.status import ACTIVE_PHASES
 
 MACROS: dict[str, str] = {
@@ -32,6 +33,8 @@ MACROS: dict[str, str] = {
     "DYNAMIC": "self.batch.dynamicBatchSize.enabled",
     "SEQ_LEN": "(self.data.maxPromptLength + self.data.maxResponseLength)",
     "ACTIVE_PHASES": "[" + ", ".join(f"'{p}'" for p in sorted(ACTIVE_PHASES)) + "]",
+    "AGENT_BUILTIN_TOOLS": "[" + ", ".join(f"'{t}'" for t in AGENT_BUILTIN_TOOLS) + "]",
+    "CALLABLE_PATH": "'^[A-Za-z_./~][\\\\w./~-]*:[A-Za-z_]\\\\w*$'",
     # environment variable names that hold credentials (matched case-insensitively, anywhere in the name)
     "CREDENTIAL_NAME": "'(?i)(PASSWORD|PASSWD|SECRET|TOKEN|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL)'",
     # checkpoint storage: pods of the RayJob (the head, the trainer pool, a separate rollout pool)
@@ -563,6 +566,36 @@ RULES: tuple[Rule, ...] = (
     model_source_rule("reward.model.path", "!has(self.reward.model) || "),
     data_files_rule("data.trainFiles"),
     data_files_rule("data.valFiles"),
+    # --- multi-turn agent rollouts (issue 21) ---
+    Rule(
+        id="agent-tools-or-environment",
+        field="rollout.agent",
+        rule="!has(self.rollout.agent) || (size(self.rollout.agent.tools) > 0) != has(self.rollout.agent.environment)",
+        message="rollout.agent needs exactly one of tools (the policy calls them) and environment (it answers every "
+        "turn); it has ${size(self.rollout.agent.tools)} tool(s) and "
+        "${has(self.rollout.agent.environment) ? 'an' : 'no'} environment",
+        verl="ours",
+    ),
+    Rule(
+        id="agent-tool-names-unique",
+        field="rollout.agent.tools",
+        rule="!has(self.rollout.agent)"
+        " || self.rollout.agent.tools.all(t, self.rollout.agent.tools.exists_one(u, u.name == t.name))",
+        message="rollout.agent.tools names a tool twice (${self.rollout.agent.tools.filter(t, "
+        "self.rollout.agent.tools.filter(u, u.name == t.name).size() > 1)[0].name}); the policy calls tools by name",
+        verl="ours",
+    ),
+    Rule(
+        id="agent-tool-function-resolvable",
+        field="rollout.agent.tools",
+        rule="!has(self.rollout.agent) || self.rollout.agent.tools.all(t, has(t.function) ? "
+        "(t.function in AGENT_BUILTIN_TOOLS || t.function.matches(CALLABLE_PATH)) : t.name in AGENT_BUILTIN_TOOLS)",
+        message="rollout.agent.tools ${self.rollout.agent.tools.filter(t, !(has(t.function) ? "
+        "(t.function in AGENT_BUILTIN_TOOLS || t.function.matches(CALLABLE_PATH)) : t.name in AGENT_BUILTIN_TOOLS))"
+        "[0].name}: set function to a builtin (calculator, python_expr) or 'module:function' / 'file.py:function'; "
+        "without function the name must be a builtin",
+        verl="ours",
+    ),
     Rule(
         id="name-fits-kuberay",
         field="metadata.name",

@@ -293,6 +293,76 @@ class Validation(SpecModel):
     do_sample: bool = Field(False, description="Sample during validation (false = greedy).")
 
 
+# --- multi-turn agent rollouts (issue 21; docs/agentic.md) --------------------------
+
+AGENT_BUILTIN_TOOLS = ("calculator", "python_expr")
+"""Tools the trainer ships (kuberl.trainer.rollout.tools); a tool named so needs no function."""
+
+CallablePath = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_./~][\w./~-]*:[A-Za-z_]\w*$")]
+"""``package.module:name`` or ``path/to/file.py:name``."""
+
+
+class AgentTool(SpecModel):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")] = Field(
+        description="The name the policy calls the tool by in its tool call."
+    )
+    function: Annotated[str, Field(min_length=1, max_length=256)] | None = Field(
+        None,
+        description='A builtin (calculator, python_expr) or "module:function" / "file.py:function" called with the '
+        "call's arguments as keywords; returns a string (or anything str() turns into one). Defaults to the builtin "
+        "of the tool's name.",
+    )
+    timeout_seconds: float = Field(
+        5.0,
+        gt=0,
+        le=600,
+        description="Wall-clock limit of one call; a call past it is killed and the policy sees a timeout observation.",
+    )
+    max_output_chars: int = Field(
+        1024, ge=1, le=65536, description="Characters of the tool's output the policy sees; longer output is cut."
+    )
+
+
+class AgentEnvironment(SpecModel):
+    class_path: CallablePath = Field(
+        alias="class",
+        description='"module:Class" or "file.py:Class": constructed once per trajectory with no arguments; '
+        "reset(prompt, extra_info) returns the first observation (or None) and step(action_text) returns "
+        "(observation, reward, done). Trajectory reward: the sum of step rewards.",
+    )
+    timeout_seconds: float = Field(30.0, gt=0, le=600, description="Wall-clock limit of one reset or step call.")
+    max_output_chars: int = Field(
+        2048, ge=1, le=65536, description="Characters of an observation the policy sees; longer ones are cut."
+    )
+
+
+class Agent(SpecModel):
+    tools: list[AgentTool] = Field(
+        default_factory=list, max_length=16, description="Tools the policy may call; names unique."
+    )
+    environment: AgentEnvironment | None = Field(
+        None, description="An environment that answers every policy turn instead of tool calls (multi-step tasks)."
+    )
+    max_turns: int = Field(
+        4, ge=1, le=64, description="Policy turns per trajectory at most (a turn ends at eos or a tool call)."
+    )
+    call_format: Literal["hermes", "json"] = Field(
+        "hermes",
+        description='How the policy calls a tool. hermes: <tool_call>{"name": ..., "arguments": {...}}</tool_call> '
+        "(the tool syntax of Qwen2.5/3, SmolLM2, Hermes chat templates); json: a bare JSON object with name and "
+        "arguments anywhere in the turn.",
+    )
+    observation_format: Literal["chat_template", "plain"] = Field(
+        "chat_template",
+        description="chat_template: the tool output becomes a tool-role message rendered by the tokenizer's chat "
+        "template; plain: <tool_response>\\n...\\n</tool_response> inserted into the assistant text.",
+    )
+    workers: int = Field(4, ge=1, le=256, description="Tool worker processes on the driver.")
+    memory_limit_mb: int = Field(
+        1024, ge=64, le=262144, description="Address-space limit of each tool worker process (RLIMIT_AS)."
+    )
+
+
 class Rollout(SpecModel):
     engine: Literal["vllm", "hf"] = Field(
         "vllm", description="vllm on GPUs; hf (transformers generate) for CPU runs and debugging."
@@ -317,6 +387,11 @@ class Rollout(SpecModel):
         False, description="Return rollout log-probs (training/rollout_probs_diff_* metrics)."
     )
     val: Validation = Field(default_factory=Validation, description="Sampling used for validation.")
+    agent: Agent | None = Field(
+        None,
+        description="Multi-turn rollouts with tools or an environment; tool outputs are masked out of the loss "
+        "(docs/agentic.md).",
+    )
 
 
 # --- optimisation ------------------------------------------------------------------

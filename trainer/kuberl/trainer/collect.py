@@ -200,6 +200,7 @@ def responses(part: Rollouts) -> list[Response]:
 def place_at_last_token(scores: Tensor, response_mask: Tensor) -> Tensor:
     """Sequence scores as token rewards on each response's last valid token, ``(B, R)`` (verl's placement)."""
     token_scores = torch.zeros(response_mask.shape, dtype=torch.float32)
-    last = (response_mask.sum(-1) - 1).clamp(min=0).long()
+    positions = torch.arange(1, response_mask.shape[1] + 1)
+    last = ((response_mask > 0) * positions).argmax(-1)  # the last policy token, also with tool outputs after it
     token_scores[torch.arange(len(scores)), last] = scores
     return token_scores

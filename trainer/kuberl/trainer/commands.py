@@ -17,7 +17,7 @@ from kuberl.api.overrides import add_set_argument
 
 Handler = Callable[[argparse.Namespace], int]
 
-DATA_TASKS = ("gsm8k-synth", "digits")
+DATA_TASKS = ("gsm8k-synth", "digits", "arithmetic")
 EXPORT_DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -69,7 +69,11 @@ def add_commands(
     plot_p.set_defaults(func=make_handler("plot"))
 
     data_p = sub.add_parser("data", help="generate a dataset in verl's schema")
-    data_p.add_argument("task", choices=DATA_TASKS, help="gsm8k-synth: GSM8K-like word problems; digits: tiny models")
+    data_p.add_argument(
+        "task",
+        choices=DATA_TASKS,
+        help="gsm8k-synth: GSM8K-like word problems; digits: tiny models; arithmetic: calculator tool (rollout.agent)",
+    )
     add_output_file_option(data_p, "the file to write: .parquet or .jsonl", required=True, legacy=("--out",))
     data_p.add_argument("--n", type=int, default=1000, help="rows (default 1000)")
     data_p.add_argument("--seed", type=int, default=0, help="random seed; with the split it fixes the rows (default 0)")
@@ -256,6 +260,8 @@ def data(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    elif args.task == "arithmetic":
+        datagen.main_arithmetic(args.output_file, args.n, args.seed, args.split)
     else:
         try:
             datagen.main_digit_copy(args.output_file, args.n, args.seed, args.split)

@@ -126,6 +126,39 @@ def digit_copy(n: int, *, seed: int, split: str) -> list[dict[str, Any]]:
     return rows
 
 
+CALCULATOR_CALL = '<tool_call>{{"name": "calculator", "arguments": {{"expression": "{}"}}}}</tool_call>'
+
+
+def arithmetic(n: int, *, seed: int, split: str) -> list[dict[str, Any]]:
+    """``n`` products of a 3-digit and a 2-digit number, with the calculator call that solves them shown in the
+    prompt; scored by ``final_answer`` on the policy's last turn (``rollout.agent`` with the calculator tool).
+
+    Why this task: small models rarely multiply such numbers right on their own, and the call is spelled out, so
+    a policy that learns to call the tool and then repeat its answer gets the reward (docs/agentic.md).
+    """
+    rng = random.Random(f"arithmetic:{seed}:{split}")
+    rows = []
+    for index in range(n):
+        a, b = rng.randint(100, 999), rng.randint(11, 99)
+        expression = f"{a}*{b}"
+        rows.append(
+            {
+                "data_source": "kuberl/arithmetic",
+                "prompt": [
+                    {
+                        "role": "user",
+                        "content": f"What is {a} times {b}? Call the calculator with {CALCULATOR_CALL.format(expression)}"
+                        " and then answer with the number only.",
+                    }
+                ],
+                "ability": "arithmetic",
+                "reward_model": {"style": "rule", "ground_truth": str(a * b)},
+                "extra_info": {"split": split, "index": index, "expression": expression},
+            }
+        )
+    return rows
+
+
 def main_gsm8k_synth(
     out: str, n: int, seed: int, split: str, *, max_operand: int = MAX_OPERAND, steps: tuple[int, int] = STEPS
 ) -> None:
@@ -135,6 +168,12 @@ def main_gsm8k_synth(
         f"wrote {n} rows (data_source {GSM8K_SYNTH_SOURCE}, split {split}, seed {seed}, max_operand {max_operand}, "
         f"steps {steps[0]}..{steps[1]}) to {path}"
     )
+
+
+def main_arithmetic(out: str, n: int, seed: int, split: str) -> None:
+    """``kuberl data arithmetic``: write ``n`` calculator-tool problems to ``out`` (.parquet or .jsonl)."""
+    path = write_rows(arithmetic(n, seed=seed, split=split), out)
+    print(f"wrote {n} rows (data_source kuberl/arithmetic, split {split}, seed {seed}) to {path}")
 
 
 def main_digit_copy(out: str, n: int, seed: int, split: str) -> None:

@@ -69,9 +69,15 @@ def concat(parts: list[Rows], pad_id: int = 0) -> Rows:
     return out
 
 
+def response_attention(rows: Rows) -> Tensor:
+    """1 on every real response token. Multi-turn rows carry it apart from ``response_mask`` (policy tokens only,
+    what the loss sees): tool outputs are context for the policy but not its actions."""
+    return rows.get("response_attention_mask", rows["response_mask"])
+
+
 def lengths(rows: Rows) -> tuple[Tensor, Tensor]:
     """Real prompt and response lengths per row, ``(B,)`` each."""
-    return rows["prompt_mask"].sum(-1).long(), rows["response_mask"].sum(-1).long()
+    return rows["prompt_mask"].sum(-1).long(), response_attention(rows).sum(-1).long()
 
 
 def trim(rows: Rows) -> Rows:
@@ -96,7 +102,7 @@ def model_inputs(rows: Rows) -> tuple[Tensor, Tensor, Tensor]:
     Positions count real tokens only, so a left-padded prompt starts at position 0 as in generation.
     """
     input_ids = torch.cat([rows["prompts"], rows["responses"]], dim=1)
-    attention_mask = torch.cat([rows["prompt_mask"], rows["response_mask"]], dim=1).long()
+    attention_mask = torch.cat([rows["prompt_mask"], response_attention(rows)], dim=1).long()
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return input_ids, attention_mask, position_ids
 

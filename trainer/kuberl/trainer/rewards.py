@@ -96,10 +96,30 @@ def prefix_match(
     return 1.0 if expected and solution_str.strip().startswith(expected) else 0.0
 
 
+FIRST_INTEGER = re.compile(r"-?\d+")
+
+
+@register_reward("final_answer")
+def final_answer(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+) -> float:
+    """1.0 when the first integer of the policy's last turn equals the ground truth.
+
+    Multi-turn rollouts (``rollout.agent``) pass the turns in ``extra_info["trajectory"]["messages"]``; the last
+    assistant message is the answer, so a number that only the tool printed does not count. Single-turn: the
+    whole response.
+    """
+    messages = ((extra_info or {}).get("trajectory") or {}).get("messages") or []
+    answers = [m["content"] for m in messages if m["role"] == "assistant"]
+    found = FIRST_INTEGER.search(answers[-1] if answers else solution_str)
+    return 1.0 if found is not None and found.group() == str(ground_truth).strip() else 0.0
+
+
 DISPATCH: dict[str, Callable[[str, str, str, dict[str, Any] | None], float]] = {
     "openai/gsm8k": gsm8k,
     "kuberl/gsm8k-synth": gsm8k,  # `kuberl data gsm8k-synth`: GSM8K's format, labelled as generated
     "kuberl/digits": prefix_match,
+    "kuberl/arithmetic": final_answer,
 }
 
 

@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -49,6 +49,9 @@ from kuberl.trainer.rollout import Rollout
 from kuberl.trainer.rollout.layout import RolloutLayout, rollout_pool_labelled
 from kuberl.trainer.status_reporter import StatusReporter
 from kuberl.trainer.step_metrics import data_metrics, perf_metrics, reduce_update_metrics
+
+if TYPE_CHECKING:
+    from kuberl.trainer.rollout.agent import AgentLoop
 
 log = logging.getLogger("kuberl.trainer")
 
@@ -96,6 +99,8 @@ class Trainer:
         self.plan: ExecutionPlan
         """Decided in :meth:`start_workers`, once Ray is up (the rollout layout depends on the cluster)."""
         self.rollout: Rollout | None = None
+        self.agent: AgentLoop | None = None
+        """The multi-turn loop (rollout.agent); None for single-turn rollouts."""
         """The separate engines (VLLMEngineGroup); None when each trainer rank holds a colocated engine."""
 
     # --- setup -------------------------------------------------------------------------------------------------
@@ -236,6 +241,7 @@ class Trainer:
         info = self.actor.all("init_model", self.total_steps)[0]
         self.pad_id = info["pad_id"]
         self.eos_ids = info["eos_ids"]
+        self.agent = self.start_agent()
         self.write(
             f"policy {spec.model.path}: {info['params'] / 1e6:.2f}M parameters, "
             f"{info['trainable_params'] / 1e6:.2f}M trained"
@@ -286,6 +292,29 @@ class Trainer:
             f"rollout: {layout.engines} separate vLLM engine(s) of {layout.gpus_per_engine} GPU(s), "
             f"{layout.kind} layout, weights by {layout.transport}"
         )
+
+    def start_agent(self) -> AgentLoop | None:
+        """The multi-turn loop with its tool workers (rollout.agent), or None for single-turn rollouts."""
+        agent = self.spec.rollout.agent
+        if agent is None:
+            return None
+        from kuberl.trainer.rollout.agent import AgentLoop
+
+        loop = AgentLoop(
+            agent,
+            self.tokenizer,
+            eos_ids=self.eos_ids,
+            pad_id=self.pad_id,
+            max_response_length=self.spec.data.max_response_length,
+        )
+        prompts = [*self.loader.dataset.prompts, *self.val_prompts]
+        loop.register_prompts(
+            [
+                (p.input_ids, {**p.extra_info, "data_source": p.data_source, "ground_truth": p.ground_truth})
+                for p in prompts
+            ]
+        )
+        return loop
 
     def _model_config(self) -> Any:
         from kuberl.trainer.models import TINY_SCHEME, parse_tiny, resolve, tiny_config
@@ -445,6 +474,8 @@ class Trainer:
             batch = collect_batch(self, prompts, timer)
             rows, scores, group_ids = batch.rows, batch.scores, batch.group_ids
             metrics.update(batch.metrics)
+            if self.agent is not None:
+                metrics.update(self.agent.metrics())
             token_scores = place_at_last_token(scores, rows["response_mask"])
             fused = self.plan.old_log_probs_from_update
             if not fused:
@@ -542,6 +573,18 @@ class Trainer:
         }
 
     def generate(self, prompts: list[list[int]], n: int, sampling: dict[str, Any]) -> Rows:
+        """Single-turn, or the agent loop over single turns (rollout.agent)."""
+        if self.agent is None:
+            return self.generate_turn(prompts, n, sampling)
+        return self.agent.generate(
+            prompts,
+            n,
+            lambda contexts, budget, stop: self.generate_turn(
+                contexts, 1, {**sampling, "max_new_tokens": budget, "stop": stop}
+            ),
+        )
+
+    def generate_turn(self, prompts: list[list[int]], n: int, sampling: dict[str, Any]) -> Rows:
         """Each rank generates a consecutive share; whole prompts when they divide evenly, else single samples.
         A separate rollout splits the prompts over its engines instead."""
         if self.rollout is not None:
@@ -560,7 +603,8 @@ class Trainer:
 
     def forward_all(self, group: Any, method: str, rows: Rows) -> dict[str, Tensor]:
         """A forward-only pass over equal consecutive shares of the rows; outputs concatenated back in order."""
-        keys = ("prompts", "prompt_mask", "responses", "response_mask")
+        keys: tuple[str, ...] = ("prompts", "prompt_mask", "responses", "response_mask")
+        keys += ("response_attention_mask",) if "response_attention_mask" in rows else ()
         shards = shard_rows({k: rows[k] for k in keys}, self.dp)
         results: list[dict[str, Tensor]] = group.each(method, [(s,) for s in shards])
         return {k: torch.cat([r[k] for r in results]) for k in results[0]}
@@ -568,6 +612,7 @@ class Trainer:
     def update(self, group: Any, rows: Rows, keys: tuple[str, ...], role: str) -> dict[str, float]:
         """Split by mini-batch and rank (plan_batches), send each rank its slices and the global token totals."""
         mini_rows = self.spec.batch.ppo_mini_batch_size * self.spec.batch.rollout_n
+        keys += ("response_attention_mask",) if "response_attention_mask" in rows else ()
         wanted = {k: rows[k] for k in ("prompts", "prompt_mask", "responses", "response_mask", *keys)}
         totals = [
             {"tokens": float(slice_rows(wanted, s, s + mini_rows)["response_mask"].sum()), "seqs": float(mini_rows)}
@@ -579,9 +624,15 @@ class Trainer:
 
     def score(self, samples: list[Prompt], rows: Rows) -> tuple[Tensor, dict[str, Tensor]]:
         """One score per response, and the reward function's extra numbers per response (NaN where missing)."""
-        texts = self.tokenizer.batch_decode(
-            [ids[m.bool()] for ids, m in zip(rows["responses"], rows["response_mask"], strict=True)],
-            skip_special_tokens=True,
+        if self.agent is not None and self.agent.agent.environment is not None:
+            return self.agent.environment_scores(), {}
+        texts = (
+            self.agent.texts()
+            if self.agent is not None
+            else self.tokenizer.batch_decode(
+                [ids[m.bool()] for ids, m in zip(rows["responses"], rows["response_mask"], strict=True)],
+                skip_special_tokens=True,
+            )
         )
         if self.reward_model is not None:
             assert self.rm_tokenizer is not None, "set with the reward model"
@@ -595,7 +646,13 @@ class Trainer:
             results = self.reward_model.each("score", [(c,) for c in chunks])
             return torch.tensor([x for r in results for x in r], dtype=torch.float32), {}
         inputs = [
-            RewardInput(s.data_source, t, s.ground_truth, s.extra_info) for s, t in zip(samples, texts, strict=True)
+            RewardInput(
+                s.data_source,
+                t,
+                s.ground_truth,
+                s.extra_info if self.agent is None else {**s.extra_info, "trajectory": self.agent.trajectory_info(i)},
+            )
+            for i, (s, t) in enumerate(zip(samples, texts, strict=True))
         ]
         assert self.reward_fn is not None, "set unless a reward model scores"
         outputs = score_batch(self.reward_fn, inputs)
@@ -645,6 +702,8 @@ class Trainer:
 
         if hasattr(self, "metrics"):
             self.metrics.close()
+        if self.agent is not None:
+            self.agent.close()
         if self.stop_code == EXIT_STOPPED:  # the pod is going down: its Ray processes got SIGTERM too
             return
         for group in self.groups:

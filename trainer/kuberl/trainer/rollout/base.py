@@ -72,9 +72,19 @@ class Rollout(ABC):
 
     @abstractmethod
     def generate(
-        self, prompts: list[list[int]], n: int, *, temperature: float, top_p: float, top_k: int, max_new_tokens: int
+        self,
+        prompts: list[list[int]],
+        n: int,
+        *,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        max_new_tokens: int,
+        stop: tuple[str, ...] = (),
     ) -> RolloutBatch:
-        """``n`` samples per prompt; ``temperature`` 0 is greedy, ``top_k`` −1 disables top-k."""
+        """``n`` samples per prompt; ``temperature`` 0 is greedy, ``top_k`` −1 disables top-k. ``stop``: strings
+        after which a backend may end a response early, the string included (the agent loop's tool-call end); a
+        backend that generates on is correct too, the agent loop cuts the response there."""
 
 
 class ColocatedRollout(Rollout):

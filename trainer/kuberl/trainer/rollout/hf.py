@@ -54,7 +54,9 @@ class HFRollout(ColocatedRollout):
         top_p: float = 1.0,
         top_k: int = -1,
         max_new_tokens: int,
+        stop: tuple[str, ...] = (),
     ) -> RolloutBatch:
+        """``stop`` is not applied: generation runs to eos or ``max_new_tokens`` (the agent loop cuts at the call)."""
         if not prompts:
             raise ValueError("generate needs at least one prompt")
         expanded = [p for p in prompts for _ in range(n)]

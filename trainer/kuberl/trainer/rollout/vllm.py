@@ -166,7 +166,15 @@ class VLLMEngine:
     # --- generation -------------------------------------------------------------------------------------------
 
     def sampling_params(
-        self, n: int, *, temperature: float, top_p: float, top_k: int, max_new_tokens: int, logprobs: bool | None = None
+        self,
+        n: int,
+        *,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        max_new_tokens: int,
+        logprobs: bool | None = None,
+        stop: tuple[str, ...] = (),
     ) -> Any:
         from vllm import SamplingParams
 
@@ -180,7 +188,9 @@ class VLLMEngine:
             max_tokens=max_new_tokens,
             logprobs=0 if want_logprobs else None,
             stop_token_ids=self.eos_ids,
-            detokenize=False,
+            stop=list(stop) or None,
+            include_stop_str_in_output=True,
+            detokenize=bool(stop),  # stop strings are matched on the detokenized text
             skip_special_tokens=False,
             repetition_penalty=1.0,
         )
@@ -195,6 +205,7 @@ class VLLMEngine:
         top_p: float = 1.0,
         top_k: int = -1,
         max_new_tokens: int,
+        stop: tuple[str, ...] = (),
     ) -> RolloutBatch:
         """``n`` samples per prompt; greedy (``temperature`` 0) repeats each prompt ``n`` times (vLLM refuses
         ``n > 1`` for greedy sampling)."""
@@ -208,7 +219,7 @@ class VLLMEngine:
                 "update_weights with the actor's weights before generate"
             )
         params = self.sampling_params(
-            n, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens
+            n, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, stop=stop
         )
         copies = n if params.n == 1 else 1
         requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts for _ in range(copies)]
@@ -293,12 +304,13 @@ class VLLMRollout(VLLMEngine, ColocatedRollout):
         top_p: float = 1.0,
         top_k: int = -1,
         max_new_tokens: int,
+        stop: tuple[str, ...] = (),
     ) -> RolloutBatch:
         """Wakes the engine first (a no-op when awake)."""
         if not self._weights_stale:
             self.wake()
         return super().generate(
-            prompts, n, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens
+            prompts, n, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, stop=stop
         )
 
     # --- weights ----------------------------------------------------------------------------------------------
@@ -457,13 +469,20 @@ class VLLMEngineGroup(Rollout):
         top_p: float = 1.0,
         top_k: int = -1,
         max_new_tokens: int,
+        stop: tuple[str, ...] = (),
     ) -> RolloutBatch:
         import ray
 
         from kuberl.trainer.microbatch import concat
 
         share = math.ceil(len(prompts) / len(self.engines))
-        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "max_new_tokens": max_new_tokens}
+        sampling = {
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": top_k,
+            "max_new_tokens": max_new_tokens,
+            "stop": stop,
+        }
         parts = [
             e.generate.remote(prompts[i * share : (i + 1) * share], n, sampling)
             for i, e in enumerate(self.engines)
