@@ -557,10 +557,9 @@ INVALID_CASES: list[InvalidCase] = [
     ),
     _case(
         "agent-tool-function-not-a-path",
-        "spec.rollout.agent.tools",
-        "agent-tool-function-resolvable",
+        "spec.rollout.agent.tools.0.function",
+        "schema",
         _set("spec.rollout.agent", {"tools": [{"name": "lookup", "function": "tools.lookup"}]}),
-        "rollout.agent.tools lookup",
     ),
     _case(
         "agent-max-turns-zero",

@@ -306,7 +306,17 @@ class AgentTool(SpecModel):
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")] = Field(
         description="The name the policy calls the tool by in its tool call."
     )
-    function: Annotated[str, Field(min_length=1, max_length=256)] | None = Field(
+    function: (
+        Annotated[
+            str,
+            Field(
+                min_length=1,
+                max_length=256,
+                pattern=rf"^({'|'.join(AGENT_BUILTIN_TOOLS)}|[A-Za-z_./~][\w./~-]*:[A-Za-z_]\w*)$",
+            ),
+        ]
+        | None
+    ) = Field(
         None,
         description='A builtin (calculator, python_expr) or "module:function" / "file.py:function" called with the '
         "call's arguments as keywords; returns a string (or anything str() turns into one). Defaults to the builtin "
