@@ -557,7 +557,7 @@ INVALID_CASES: list[InvalidCase] = [
     ),
     _case(
         "agent-tool-function-not-a-path",
-        "spec.rollout.agent.tools.0.function",
+        "spec.rollout.agent.tools[0].function",
         "schema",
         _set("spec.rollout.agent", {"tools": [{"name": "lookup", "function": "tools.lookup"}]}),
     ),

@@ -17,6 +17,7 @@ import jsonschema
 import yaml
 
 from kuberl.api.celfuncs import context
+from kuberl.api.validation import field_path
 
 CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "rljob.yaml"
 
@@ -60,7 +61,8 @@ def _validator() -> jsonschema.Draft4Validator:
 
 
 def _dotted(path: Any) -> str:
-    return ".".join(str(p) for p in path)
+    parts = list(path)
+    return field_path(str(parts[0]), tuple(parts[1:])) if parts else ""
 
 
 def refused_fields(document: dict[str, Any]) -> dict[str, str]:

@@ -79,8 +79,16 @@ def schema_issues(error: ValidationError, model: type[BaseModel], prefix: str) -
             message = "required field is missing"
         elif "input" in err and err["type"] not in ("model_type", "dict_type"):
             message = f"{message} (got {err['input']!r})"
-        issues.append(Issue(".".join([prefix, *loc]), message, "schema"))
+        issues.append(Issue(field_path(prefix, err["loc"]), message, "schema"))
     return issues
+
+
+def field_path(prefix: str, loc: tuple[int | str, ...]) -> str:
+    """A pydantic location in the apiserver's notation (`spec.tools[0].name`), so both name a field alike."""
+    path = prefix
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path
 
 
 def _did_you_mean(model: type[BaseModel], loc: list[str]) -> str:
