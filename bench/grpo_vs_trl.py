@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 PACKAGES = ("torch", "transformers", "vllm", "ray", "trl", "accelerate", "datasets", "kuberl")
 ERROR_TAIL_LINES = 40
+CHECKPOINTS = "runs/grpo-vs-trl/checkpoints"  # relative: under the repository (the kuberl side's working directory)
 VLLM_DEFAULT_ENV = {
     "VLLM_USE_FLASHINFER_SAMPLER": "0",
     "VLLM_NO_USAGE_STATS": "1",
@@ -194,7 +195,7 @@ def write_data(folder: str, path: Path, rows_wanted: int, max_prompt: int, seed:
 # --- kuberl side -------------------------------------------------------------------------------------------------
 
 
-def kuberl_spec(args: argparse.Namespace, folder: str, data: str, run_dir: Path, gpu: bool) -> dict[str, Any]:
+def kuberl_spec(args: argparse.Namespace, folder: str, data: str, gpu: bool) -> dict[str, Any]:
     return {
         "apiVersion": "kuberl.io/v1alpha1",
         "kind": "RLJob",
@@ -233,7 +234,7 @@ def kuberl_spec(args: argparse.Namespace, folder: str, data: str, run_dir: Path,
                 "valBeforeTrain": False,
                 "resume": "disable",
                 "metricsPort": 0,
-                "checkpointDir": str(run_dir / "checkpoints"),
+                "checkpointDir": CHECKPOINTS,
                 "maxCheckpoints": 1,
                 "loggers": ["console", "jsonl"],
             },
@@ -250,7 +251,7 @@ def run_kuberl(args: argparse.Namespace, folder: str, data: str, work: Path, gpu
 
     run_dir = work / "kuberl-run"
     shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl is appended to
-    spec = kuberl_spec(args, folder, data, run_dir, gpu)
+    spec = kuberl_spec(args, folder, data, gpu)
     spec_path = work / "kuberl-rljob.yaml"
     spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
     cmd = [sys.executable, "-m", "kuberl.cli", "run", str(spec_path), "--run-dir", str(run_dir), "--no-progress"]
@@ -261,7 +262,7 @@ def run_kuberl(args: argparse.Namespace, folder: str, data: str, work: Path, gpu
         "spec": spec["spec"],
         **run_side(cmd, work, "kuberl", env, args.timeout),
     }
-    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    shutil.rmtree(ROOT / CHECKPOINTS, ignore_errors=True)
     metrics_path = run_dir / "metrics.jsonl"
     lines = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
     steps = [

@@ -15,6 +15,7 @@ from typing import Any
 from kuberl.api.cli_options import add_format_option, add_output_file_option
 from kuberl.api.documents import Checked, check, load_documents
 from kuberl.api.overrides import add_set_argument
+from kuberl.api.validation import invalid_text, plural
 
 CRD_PATHS = (Path("crds/rljob.yaml"), Path("charts/kuberl/crds/rljob.yaml"))
 """The CRD and the Helm chart's copy of it, written together so they never differ."""
@@ -58,18 +59,11 @@ def _as_json(result: Checked) -> dict[str, Any]:
     }
 
 
-def plural(count: int, noun: str, many: str | None = None) -> str:
-    """`1 issue`, `2 issues`."""
-    return f"{count} {noun if count == 1 else (many or noun + 's')}"
-
-
 def _as_text(result: Checked) -> str:
     if result.skipped_kind is not None:
         return f"{result.source}: {result.skipped_kind} {result.name} skipped (not an RLJob)"
     if not result.valid:
-        lines = [f"{result.source}: RLJob {result.name} is invalid ({plural(len(result.issues), 'issue')})"]
-        lines += [f"  {issue.field}: {issue.message}  [{issue.rule}]" for issue in result.issues]
-        return "\n".join(lines)
+        return invalid_text(result.source, result.name, result.issues)
     assert result.plan is not None
     p = result.plan
     unit = "GPU" if result.device == "cuda" else "rank"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -29,7 +28,7 @@ def train_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(write_rows(gsm8k_synth(64, seed=0, split="train"), str(tmp_path_factory.mktemp("data") / "t.parquet")))
 
 
-def rljob(placement: str, train_file: str, checkpoints: Path) -> dict:
+def rljob(placement: str, train_file: str) -> dict:
     cluster = {"device": "cuda", "trainer": {"nodes": 1, "gpusPerNode": 1, "cpu": "4", "memory": "32Gi"}}
     if placement == "separate":
         cluster["rollout"] = {"nodes": 1, "gpusPerNode": 1, "cpu": "4", "memory": "32Gi"}
@@ -52,7 +51,12 @@ def rljob(placement: str, train_file: str, checkpoints: Path) -> dict:
                 "calculateLogProbs": True,
             },
             "actor": {"optim": {"lr": 5.0e-5, "weightDecay": 0.0}},
-            "trainer": {"totalSteps": STEPS, "saveFreq": 0, "testFreq": 0, "checkpointDir": str(checkpoints)},
+            "trainer": {
+                "totalSteps": STEPS,
+                "saveFreq": 0,
+                "testFreq": 0,
+                "checkpointDir": f"runs/placement-{placement}/checkpoints",  # under the working directory
+            },
             "cluster": cluster,
         },
     }
@@ -61,7 +65,7 @@ def rljob(placement: str, train_file: str, checkpoints: Path) -> dict:
 @pytest.mark.parametrize("placement", ["colocated", "separate"])
 def test_rollout_log_probs_match_the_trainer_after_every_transfer(placement, train_file, tmp_path, record):
     spec_file = tmp_path / "rljob.yaml"
-    spec_file.write_text(yaml.safe_dump(rljob(placement, train_file, tmp_path / "ckpt")))
+    spec_file.write_text(yaml.safe_dump(rljob(placement, train_file)))
     run = subprocess.run(
         [
             sys.executable,

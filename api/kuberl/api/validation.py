@@ -83,6 +83,18 @@ def schema_issues(error: ValidationError, model: type[BaseModel], prefix: str) -
     return issues
 
 
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """`1 issue`, `2 issues`."""
+    return f"{count} {noun if count == 1 else (many or noun + 's')}"
+
+
+def invalid_text(source: str, name: str, issues: list[Issue]) -> str:
+    """What every command prints for an invalid RLJob: the count, then one line per issue with its rule."""
+    lines = [f"{source}: RLJob {name} is invalid ({plural(len(issues), 'issue')})"]
+    lines += [f"  {issue.field}: {issue.message}  [{issue.rule}]" for issue in issues]
+    return "\n".join(lines)
+
+
 def field_path(prefix: str, loc: tuple[int | str, ...]) -> str:
     """A pydantic location in the apiserver's notation (`spec.tools[0].name`), so both name a field alike."""
     path = prefix

@@ -99,10 +99,9 @@ def add_commands(
 
 def print_invalid(exc: Exception, source: str, name: str) -> None:
     """The same text as ``kuberl validate`` for an invalid RLJob."""
-    issues = getattr(exc, "issues", [])
-    print(f"{source}: RLJob {name} is invalid ({len(issues)} issues)", file=sys.stderr)
-    for issue in issues:
-        print(f"  {issue.field}: {issue.message}  [{issue.rule}]", file=sys.stderr)
+    from kuberl.api.validation import invalid_text
+
+    print(invalid_text(source, name, getattr(exc, "issues", [])), file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
