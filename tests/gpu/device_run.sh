@@ -4,7 +4,9 @@
 #   bash tests/gpu/device_run.sh env tests bench-mfu bench-trl # next call, machine still warm
 # Stages: install (offline bundle staged in /root/stage, extra wheels, docs/gpu.md), env (only set up the
 # environment), tests (tests/gpu, one process per module), bench-sync, bench-rollout, bench-mfu, bench-trl,
-# grpo (GRPO_SPECS, tests/gpu/*.yaml).
+# grpo (GRPO_SPECS, tests/gpu/*.yaml), agent (tests/gpu/smollm2-agent-vllm.yaml), shape-1b (a random 1.1B llama
+# in /tmp/llama-1.1b for TRL_ARGS="--model /tmp/llama-1.1b"), plan (bench/plan_accuracy.py on the kuberl side of
+# the last bench-trl, whose TRL_ARGS must include --work-dir "$BENCH_DIR").
 # Logs and JSON go to $OUT (the device tool brings back at most 8 files).
 set -u
 OUT=${OUT:-/tmp/kuberl-gpu-out}
@@ -105,6 +107,31 @@ grpo() {
   done
 }
 
+agent() {
+  log "agent: data"
+  for split in train test; do
+    python3 -m kuberl.cli data arithmetic --output-file "/tmp/arithmetic/$split.parquet" --seed 0 --split "$split" \
+      --n "$([ "$split" = train ] && echo 2048 || echo 64)" >> "$OUT/agent.log" 2>&1
+  done
+  log "agent: run tests/gpu/smollm2-agent-vllm.yaml"
+  timeout "${AGENT_TIMEOUT:-400}" python3 -m kuberl.cli run tests/gpu/smollm2-agent-vllm.yaml \
+    --run-dir /tmp/smollm2-agent-vllm --no-progress >> "$OUT/agent.log" 2>&1
+  log "agent: exit $?"
+  cp /tmp/smollm2-agent-vllm/metrics.jsonl "$OUT/smollm2-agent-vllm.metrics.jsonl" 2>/dev/null
+  grep -e "^step" "$OUT/agent.log" | tail -3 | tee -a "$OUT/session.log"
+}
+
+shape_1b() {
+  log "shape llama-1.1b"
+  python3 bench/shapes.py llama-1.1b /tmp/llama-1.1b 2>&1 | tail -1 | tee -a "$OUT/session.log"
+}
+
+plan_accuracy() {
+  log "plan accuracy ${PLAN_TAG:-smollm2}"
+  python3 bench/plan_accuracy.py --spec "$BENCH_DIR/kuberl-rljob.yaml" --metrics "$BENCH_DIR/kuberl-run/metrics.jsonl" \
+    --gpu H200 --out "$OUT/plan_accuracy_${PLAN_TAG:-smollm2}.json" 2>&1 | tail -3 | tee -a "$OUT/session.log"
+}
+
 bench_trl() {
   log "bench grpo_vs_trl"
   # shellcheck disable=SC2086
@@ -123,6 +150,9 @@ for stage in "$@"; do
     bench-mfu) bench_mfu ;;
     bench-trl) bench_trl ;;
     grpo) grpo ;;
+    agent) agent ;;
+    shape-1b) shape_1b ;;
+    plan) plan_accuracy ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
 done
