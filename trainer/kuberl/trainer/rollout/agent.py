@@ -433,8 +433,12 @@ class AgentLoop:
             out["agent/tool_timeout_rate"] = sum(c["timed_out"] for c in calls) / len(calls)
         for stop in sorted({t.stop for t in trajectories}):
             out[f"agent/stop/{stop}"] = sum(t.stop == stop for t in trajectories) / len(trajectories)
-        for name in sorted({c["tool"] for c in calls}):
-            mine = [c for c in calls if c["tool"] == name]
+        # metric names come from the declared tools only: a policy inventing names must not invent series
+        by_tool: dict[str, list[dict[str, Any]]] = {}
+        for c in calls:
+            declared = c["tool"] in self.tools or c["tool"] == "environment"
+            by_tool.setdefault(c["tool"] if declared else INVALID_CALL, []).append(c)
+        for name, mine in sorted(by_tool.items()):
             out[f"agent/tool/{name}/calls"] = float(len(mine))
             out[f"agent/tool/{name}/error_rate"] = sum(not c["ok"] for c in mine) / len(mine)
             out[f"agent/tool/{name}/timeout_rate"] = sum(c["timed_out"] for c in mine) / len(mine)
