@@ -209,7 +209,8 @@ class KubeRayRunner:
         os.environ.update(RAY_ENV)
         submission = JobSubmissionClient(attempt.dashboard)
         # The dashboard answers before the head's agent has registered; KubeRay's submitter retries the same way.
-        deadline = time.monotonic() + 120
+        # The agent took over 120 s on a 2-core host busy with other jobs.
+        deadline = time.monotonic() + 300
         while True:
             try:
                 return submission.submit_job(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,11 +23,27 @@ POLICY_NAME = "kuberl-rljob-status"
 PROGRESS = {"progress": {"step": 3, "totalSteps": 10}}
 
 
-def chart_security_objects(cluster: Cluster) -> list[dict]:
+def chart_security_objects(cluster: Cluster, *args: str) -> list[dict]:
     text = cluster.helm(
-        "template", "kuberl", str(CHART), "-n", "kuberl-system", "--show-only", "templates/security.yaml"
+        "template", "kuberl", str(CHART), "-n", "kuberl-system", "--show-only", "templates/security.yaml", *args
     )
     return [d for d in yaml.safe_load_all(text.stdout) if d]
+
+
+@pytest.fixture
+def status_policy(cluster: Cluster, namespace: str) -> Iterator[None]:
+    """The chart's policy and binding in its namespaced mode (bound to `namespace` only), deleted afterwards: the
+    policy is cluster-scoped, and left behind it would refuse the status writes of every later test's operator."""
+    objects = [
+        obj
+        for obj in chart_security_objects(cluster, "--set", f"watchNamespaces={{{namespace}}}")
+        if obj["kind"].startswith("ValidatingAdmissionPolicy")
+    ]
+    for obj in objects:
+        apply_json(cluster, obj)
+    yield
+    for obj in reversed(objects):
+        cluster.kubectl("delete", obj["kind"], obj["metadata"]["name"], "--wait=false", check=False)
 
 
 def test_the_policy_lists_every_status_field_but_progress(cluster: Cluster) -> None:
@@ -85,11 +102,8 @@ def trainer_kubeconfig(cluster: Cluster, namespace: str) -> Path:
 
 
 def test_the_trainer_patches_only_its_own_progress(
-    cluster: Cluster, namespace: str, trainer_kubeconfig: Path, rljob_crd: dict
+    cluster: Cluster, namespace: str, trainer_kubeconfig: Path, rljob_crd: dict, status_policy: None
 ) -> None:
-    for obj in chart_security_objects(cluster):
-        if obj["kind"].startswith("ValidatingAdmissionPolicy"):
-            apply_json(cluster, obj)
     for name in ("job-a", "job-b"):
         cluster.create(rljob(name), namespace=namespace)
         assert patch_status(cluster, name, namespace, {"status": {"phase": "Running"}}).returncode == 0  # as admin
