@@ -56,6 +56,10 @@ STOP_SIGNALS = {signal.SIGINT: EXIT_INTERRUPTED, signal.SIGTERM: EXIT_STOPPED}
 
 
 class Trainer:
+    """The driver of one RLJob: the loop (:meth:`fit`) and the step (:meth:`train_step`). What runs on Ray is its
+    :class:`Cluster`, checkpoints are its :class:`Checkpointer`'s, metrics and status go through its
+    :class:`Reporting`."""
+
     def __init__(
         self,
         name: str,
@@ -245,6 +249,7 @@ class Trainer:
     # --- one step --------------------------------------------------------------------------------------------
 
     def train_step(self, prompts: list[Prompt]) -> dict[str, float]:
+        """generate → reward → old/reference log-probs, values → advantages → update → sync → metrics."""
         timer = Timer()
         with timer("step"):
             batch = collect_batch(self, prompts, timer)  # generate → reward, dynamic sampling's rounds
