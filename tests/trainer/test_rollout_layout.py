@@ -88,13 +88,13 @@ def test_a_layout_that_does_not_fit_names_the_fields(trainer_gpus, rollout_gpus,
         )
 
 
-def test_a_gpu_job_on_a_machine_without_enough_gpus_fails_at_once(local_ray, tmp_path):
+def test_a_gpu_job_on_a_machine_without_enough_gpus_fails_at_once(local_ray):
     import ray
 
-    from kuberl.trainer.run import Trainer
+    from kuberl.trainer.cluster import Cluster
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
-    trainer = Trainer("too-big", spec(trainer_gpus=gpus + 1, rollout_gpus=1, tp=1), run_dir=tmp_path)
+    cluster = Cluster(spec(trainer_gpus=gpus + 1, rollout_gpus=1, tp=1), ranks=gpus + 1, address=None, write=print)
     expected = rf"cluster.trainer asks for {gpus + 1} GPU\(s\) and this machine has {gpus}"
     with pytest.raises(PlacementError, match=expected):
-        trainer.start_workers()
+        cluster.start_workers(total_steps=1, tokenizer=None, agent_prompts=[])

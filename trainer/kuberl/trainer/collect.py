@@ -33,9 +33,13 @@ class Driver(Protocol):
 
     spec: RLJobSpec
     loader: PromptLoader
-    actor: Any
     kl_ctrl: KLController
-    pad_id: int
+
+    @property
+    def actor(self) -> Any: ...
+
+    @property
+    def pad_id(self) -> int: ...
 
     def generate(self, prompts: list[list[int]], n: int, sampling: dict[str, Any]) -> Rows: ...
 

@@ -6,14 +6,16 @@ cluster it runs in (``ray.init(address="auto")``).
 
 One step, top to bottom (:meth:`Trainer.train_step`): rollout → reward (:func:`kuberl.trainer.collect.collect_batch`:
 overlong shaping, dynamic sampling, ReMax baselines) → old log-probs → reference log-probs →
-values → advantages (on the driver) → critic update → actor update → weight sync. Validation, checkpoints and
-metrics wrap it in :meth:`Trainer.fit`.
+values → advantages (on the driver) → critic update → actor update → weight sync → metrics. Validation, checkpoints
+and metrics wrap it in :meth:`Trainer.fit`. What runs on Ray is started and stopped by
+:class:`~kuberl.trainer.cluster.Cluster`, checkpoints are saved and resumed by
+:class:`~kuberl.trainer.checkpointer.Checkpointer`, metrics and status go out through
+:class:`~kuberl.trainer.reporting.Reporting`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -28,45 +30,36 @@ import torch
 from torch import Tensor
 
 from kuberl.api import RLJobSpec, parse_spec, plan_batches
-from kuberl.api.contract import (
-    ENV_RAY_AUTH_MODE,
-    ENV_RAY_AUTH_TOKEN,
-    ENV_RLJOB_NAMESPACE,
-    ENV_RLJOB_UID,
-    TRAINER_MODULE,
-)
-from kuberl.api.status import Progress
-from kuberl.trainer import checkpoint as ckpt
+from kuberl.api.contract import ENV_RLJOB_NAMESPACE, TRAINER_MODULE
 from kuberl.trainer.advantages import compute_advantages
-from kuberl.trainer.collect import collect_batch, place_at_last_token
+from kuberl.trainer.checkpointer import Checkpointer
+from kuberl.trainer.cluster import Cluster
+from kuberl.trainer.collect import Rollouts, collect_batch, place_at_last_token
 from kuberl.trainer.data import Prompt, PromptDataset, PromptLoader, load_rows
 from kuberl.trainer.kl import apply_kl_in_reward, make_kl_controller
-from kuberl.trainer.metrics import MetricsLogger, Timer
+from kuberl.trainer.metrics import Timer
 from kuberl.trainer.microbatch import Rows, concat, shard_mini_batches, shard_rows, slice_rows
-from kuberl.trainer.plan import ExecutionPlan, plan_execution
+from kuberl.trainer.plan import ExecutionPlan
+from kuberl.trainer.reporting import Reporting, write
 from kuberl.trainer.rewards import RewardInput, load_reward_function, score_batch
-from kuberl.trainer.rollout import Rollout
-from kuberl.trainer.rollout.layout import RolloutLayout, rollout_pool_labelled
-from kuberl.trainer.status_reporter import StatusReporter
 from kuberl.trainer.step_metrics import data_metrics, perf_metrics, reduce_update_metrics
 
 if TYPE_CHECKING:
     from kuberl.trainer.rollout.agent import AgentLoop
+    from kuberl.trainer.workers import WorkerGroup
 
 log = logging.getLogger("kuberl.trainer")
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C, checkpoint saved
 EXIT_STOPPED = 143  # 128 + SIGTERM: stopped by Kubernetes or Ray (suspend, preemption, drain), checkpoint saved
 STOP_SIGNALS = {signal.SIGINT: EXIT_INTERRUPTED, signal.SIGTERM: EXIT_STOPPED}
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "H20": 148e12, "A100": 312e12, "L40S": 362e12, "B200": 2250e12}
-"""Dense bf16 peak per GPU by device-name substring, for perf/mfu/actor; KUBERL_PEAK_FLOPS overrides."""
-
-
-def parse_cpu(quantity: str) -> float:
-    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
 
 
 class Trainer:
+    """The driver of one RLJob: the loop (:meth:`fit`) and the step (:meth:`train_step`). What runs on Ray is its
+    :class:`Cluster`, checkpoints are its :class:`Checkpointer`'s, metrics and status go through its
+    :class:`Reporting`."""
+
     def __init__(
         self,
         name: str,
@@ -82,7 +75,6 @@ class Trainer:
         self.spec = spec
         self.run_dir = run_dir
         self.namespace = namespace
-        self.address = address
         self.steps_override = steps
         self.show_progress = show_progress
         self.batch_plan = plan_batches(spec)
@@ -93,15 +85,10 @@ class Trainer:
         self.stop_requested = False
         self.stop_code = 0
         """EXIT_INTERRUPTED or EXIT_STOPPED once a stop signal arrived."""
-        self.last_checkpoint: str | None = None
-        self.ray_started_here = False
-        self.groups: list[Any] = []
-        self.plan: ExecutionPlan
-        """Decided in :meth:`start_workers`, once Ray is up (the rollout layout depends on the cluster)."""
-        self.rollout: Rollout | None = None
-        self.agent: AgentLoop | None = None
-        """The multi-turn loop (rollout.agent); None for single-turn rollouts."""
-        """The separate engines (VLLMEngineGroup); None when each trainer rank holds a colocated engine."""
+        self.cluster = Cluster(spec, ranks=self.dp, address=address, write=write)
+        self.reporting: Reporting
+        self.checkpoints: Checkpointer
+        """Both made in :meth:`setup`, once the workers are up."""
 
     # --- setup -------------------------------------------------------------------------------------------------
 
@@ -133,7 +120,7 @@ class Trainer:
             self.steps_override or spec.trainer.total_steps or spec.trainer.total_epochs * len(self.loader)
         )
         p = self.batch_plan
-        self.write(
+        write(
             f"RLJob {self.name}: {p.trainer_gpus} {spec.cluster.device} trainer rank(s), "
             f"{p.responses_per_step} responses/step, {p.optimizer_steps_per_step} optimizer step(s)/step, "
             f"micro-batch {p.micro_batch_size_per_gpu or 'by token budget'}"
@@ -143,244 +130,55 @@ class Trainer:
         )
         self.reward_fn = None if spec.reward.model else load_reward_function(spec.reward.function)
         self.rm_tokenizer = load_tokenizer(spec.reward.model.path) if spec.reward.model else None
-        self.start_ray()
-        self.start_workers()
-        self.flops_per_token = model_family_flops_per_token(self.model_config)
-        self.metrics = MetricsLogger(
-            self.run_dir,
-            loggers=spec.trainer.loggers,
-            rljob=self.name,
-            namespace=self.namespace,
-            metrics_port=spec.trainer.metrics_port,
+        self.cluster.start(
             total_steps=self.total_steps,
-            write=self.write,
-            # no environment value reaches a logger's config (wandb, tensorboard): they may hold credentials
-            config=spec.model_dump(mode="json", by_alias=True, exclude={"cluster": {"env"}}),
+            tokenizer=self.tokenizer,
+            agent_prompts=[*self.loader.dataset.prompts, *self.val_prompts],
         )
-        self.reporter = StatusReporter.from_env(self.name, self.namespace)
-        self.resume()
-
-    def write(self, line: str) -> None:
-        from tqdm import tqdm
-
-        tqdm.write(line, file=sys.stdout)
-
-    def start_ray(self) -> None:
-        import ray
-
-        if ray.is_initialized():
-            return
-        if self.address:
-            # the RLJob's Ray cluster requires its token (RAY_AUTH_MODE=token); ray.init reads RAY_AUTH_TOKEN itself
-            if os.environ.get(ENV_RAY_AUTH_MODE) == "token" and not os.environ.get(ENV_RAY_AUTH_TOKEN):
-                raise SystemExit(
-                    f"{ENV_RAY_AUTH_MODE}=token but {ENV_RAY_AUTH_TOKEN} is empty: the token Secret is missing"
-                )
-            ray.init(address=self.address, log_to_driver=True)
-        else:
-            ray.init(
-                address="local",
-                _node_ip_address="127.0.0.1",
-                num_cpus=max(os.cpu_count() or 1, self.dp),
-                include_dashboard=False,
-                log_to_driver=True,
-            )
-        self.ray_started_here = True
-
-    def start_workers(self) -> None:
-        import ray
-        from ray.util.placement_group import placement_group
-
-        from kuberl.trainer.workers import ActorWorker, CriticWorker, RewardModelWorker, WorkerGroup
-
-        spec = self.spec
-        pool = spec.cluster.trainer
-        if spec.cluster.device == "cuda" and not self.address:
-            from kuberl.trainer.rollout.layout import PlacementError
-
-            # a local Ray has all the GPUs it will ever have: fail now rather than wait for a placement
-            gpus = ray.cluster_resources().get("GPU", 0.0)
-            if gpus < self.dp:
-                raise PlacementError(
-                    f"cluster.trainer asks for {self.dp} GPU(s) and this machine has {int(gpus)}; "
-                    "without GPUs use cluster.device cpu and rollout.engine hf"
-                )
-        self.plan = plan_execution(
+        self.flops_per_token = model_family_flops_per_token(self.cluster.model_config)
+        self.reporting = Reporting(
+            spec, rljob=self.name, namespace=self.namespace, run_dir=self.run_dir, total_steps=self.total_steps
+        )
+        self.checkpoints = Checkpointer(
             spec,
-            cluster_gpus=ray.cluster_resources().get("GPU", 0.0),
-            rollout_pool_labelled=rollout_pool_labelled(ray.nodes()),
+            rljob=self.name,
+            cluster=self.cluster,
+            loader=self.loader,
+            kl_ctrl=self.kl_ctrl,
+            total_steps=self.total_steps,
+            reporting=self.reporting,
         )
-        layout = self.plan.rollout
-        bundle = {"CPU": 1.0, "GPU": 1.0} if spec.cluster.device == "cuda" else {"CPU": 1.0}
-        selector = layout.trainer_label_selector
-        self.pg = placement_group(
-            [dict(bundle) for _ in range(self.dp)],
-            strategy="PACK",
-            bundle_label_selector=[selector] * self.dp if selector else None,
-        )
-        try:
-            ray.get(self.pg.ready(), timeout=600)
-        except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(
-                f"the Ray cluster cannot place {self.dp} trainer ranks of {bundle} within 10 minutes; "
-                f"cluster resources: {ray.cluster_resources()}"
-            ) from None
-        if self.address:
-            threads = max(1, int(parse_cpu(pool.cpu)) // pool.gpus_per_node)
-        else:
-            threads = max(1, (os.cpu_count() or 1) // self.dp)
-        common = {
-            "spec": spec,
-            "plan": self.plan,
-            "placement_group": self.pg,
-            "world_size": self.dp,
-            "threads": threads,
-        }
-        self.actor = WorkerGroup(ActorWorker, role="actor", **common)
-        self.groups = [self.actor]
-        info = self.actor.all("init_model", self.total_steps)[0]
-        self.pad_id = info["pad_id"]
-        self.eos_ids = info["eos_ids"]
-        self.agent = self.start_agent()
-        self.write(
-            f"policy {spec.model.path}: {info['params'] / 1e6:.2f}M parameters, "
-            f"{info['trainable_params'] / 1e6:.2f}M trained"
-        )
-        if layout.separate:
-            self.start_rollout(layout)
-        self.critic = None
-        if self.plan.uses_critic:
-            self.critic = WorkerGroup(CriticWorker, role="critic", **common)
-            self.groups.append(self.critic)
-            self.critic.all("init_model", self.total_steps)
-        self.reward_model = None
-        if spec.reward.model:
-            self.reward_model = WorkerGroup(RewardModelWorker, role="reward_model", **common)
-            self.groups.append(self.reward_model)
-        self.model_config = self._model_config()
+        self.global_step = self.checkpoints.resume()
 
-    def start_rollout(self, layout: RolloutLayout) -> None:
-        """Start the separate engines (with dummy weights), connect the trainer ranks to them and send the
-        policy's weights once."""
-        from kuberl.trainer.rollout.layout import engine_actor_options
-        from kuberl.trainer.rollout.vllm import VLLMEngineGroup
-        from kuberl.trainer.workers import FRACTION
-
-        engine = self.plan.engine
-        assert engine is not None, "a separate rollout is a vLLM rollout (validation enforces it)"
-        options = [
-            engine_actor_options(layout, i, trainer_placement_group=self.pg, share=FRACTION["rollout"])
-            for i in range(layout.engines)
-        ]
-        self.rollout = VLLMEngineGroup.spawn(
-            options,
-            engine.model_path,
-            pad_id=self.pad_id,
-            eos_ids=self.eos_ids,
-            weight_transfer=layout.transport,
-            **engine.kwargs(),
-        )
-        self.groups.append(self.rollout)
-        group = None
-        if layout.transport == "nccl":
-            import ray
-
-            group = ray.get(self.actor.workers[0].broadcast_group.remote([layout.gpus_per_engine] * layout.engines))
-        self.actor.all("connect_rollout", self.rollout.engines, layout.transport, group)
-        self.actor.all("sync_weights")
-        self.write(
-            f"rollout: {layout.engines} separate vLLM engine(s) of {layout.gpus_per_engine} GPU(s), "
-            f"{layout.kind} layout, weights by {layout.transport}"
-        )
-
-    def start_agent(self) -> AgentLoop | None:
-        """The multi-turn loop with its tool workers (rollout.agent), or None for single-turn rollouts."""
-        agent = self.spec.rollout.agent
-        if agent is None:
-            return None
-        from kuberl.trainer.rollout.agent import AgentLoop
-
-        loop = AgentLoop(
-            agent,
-            self.tokenizer,
-            eos_ids=self.eos_ids,
-            pad_id=self.pad_id,
-            max_response_length=self.spec.data.max_response_length,
-        )
-        prompts = [*self.loader.dataset.prompts, *self.val_prompts]
-        loop.register_prompts(
-            [
-                (p.input_ids, {**p.extra_info, "data_source": p.data_source, "ground_truth": p.ground_truth})
-                for p in prompts
-            ]
-        )
-        return loop
-
-    def _model_config(self) -> Any:
-        from kuberl.trainer.models import TINY_SCHEME, parse_tiny, resolve, tiny_config
-
-        source = resolve(self.spec.model.path)
-        if source.startswith(TINY_SCHEME):
-            return tiny_config(parse_tiny(source))
-        from transformers import AutoConfig
-
-        return AutoConfig.from_pretrained(source)
-
-    # --- resume / checkpoint ---------------------------------------------------------------------------------
+    # --- what the step drives (started by the cluster) ---------------------------------------------------------
 
     @property
-    def checkpoint_dir(self) -> Path:
-        return Path(self.spec.trainer.checkpoint_dir)
+    def plan(self) -> ExecutionPlan:
+        return self.cluster.plan
 
     @property
-    def checkpoint_identity(self) -> ckpt.Identity:
-        """What this run's checkpoints record and what auto-resume requires: the RLJob uid (the operator sets it) and
-        the hash of model/data/algorithm/batch."""
-        return ckpt.Identity(os.environ.get(ENV_RLJOB_UID) or None, ckpt.resume_fields_hash(self.spec))
+    def actor(self) -> WorkerGroup:
+        return self.cluster.actor
 
-    def resume(self) -> None:
-        damaged: list[ckpt.Damaged] = []
-        folder = ckpt.resolve_resume(self.spec.trainer.resume, self.checkpoint_dir, self.checkpoint_identity, damaged)
-        for skipped in damaged:
-            message = f"checkpoint {skipped.folder} is damaged and was skipped: {skipped.reason}"
-            self.write(f"warning: {message}")
-            if self.reporter is not None:
-                self.reporter.event("CheckpointDamaged", message)
-        if folder is None:
-            return
-        state = ckpt.read_state(folder)
-        self.actor.all("load_checkpoint", str(folder / "actor"))
-        if self.critic is not None:
-            self.critic.all("load_checkpoint", str(folder / "critic"))
-        self.loader.load_state_dict(state["dataloader"])
-        self.kl_ctrl.load_state_dict(state["kl_controller"])
-        self.global_step = int(state["step"])
-        self.last_checkpoint = str(folder)
-        ckpt.restore_driver_rng(folder)
-        self.write(f"resumed from {folder} at step {self.global_step}")
+    @property
+    def critic(self) -> WorkerGroup | None:
+        return self.cluster.critic
 
-    def save_checkpoint(self) -> str:
-        folder = ckpt.prepare(self.checkpoint_dir, self.global_step)
-        self.actor.all("save_checkpoint", str(folder / "actor"))
-        if self.critic is not None:
-            self.critic.all("save_checkpoint", str(folder / "critic"))
-        ckpt.write_state(
-            folder,
-            {
-                "step": self.global_step,
-                "epoch": self.loader.epoch,
-                "rljob": self.name,
-                "dataloader": self.loader.state_dict(),
-                "kl_controller": self.kl_ctrl.state_dict(),
-                "total_steps": self.total_steps,
-                "trainer_ranks": self.dp,
-            },
-            self.checkpoint_identity,
-        )
-        ckpt.mark_latest(self.checkpoint_dir, folder)
-        ckpt.rotate(self.checkpoint_dir, self.spec.trainer.max_checkpoints)
-        self.last_checkpoint = str(folder)
-        return str(folder)
+    @property
+    def reward_model(self) -> WorkerGroup | None:
+        return self.cluster.reward_model
+
+    @property
+    def agent(self) -> AgentLoop | None:
+        return self.cluster.agent
+
+    @property
+    def pad_id(self) -> int:
+        return self.cluster.pad_id
+
+    @property
+    def last_checkpoint(self) -> str | None:
+        return self.checkpoints.last
 
     # --- the loop --------------------------------------------------------------------------------------------
 
@@ -401,7 +199,7 @@ class Trainer:
         try:
             if spec.val_before_train and self.val_prompts and self.global_step == 0:
                 val = self.validate()
-                self.metrics.log(0, val)
+                self.reporting.log(0, val)
             saved_at = -1
             while self.global_step < self.total_steps and not self.stop_requested:
                 for prompts in self.loader:
@@ -415,20 +213,20 @@ class Trainer:
                             metrics.update(self.validate())
                     if (spec.save_freq > 0 and self.global_step % spec.save_freq == 0) or last or self.stop_requested:
                         with timer("save_checkpoint"):
-                            self.save_checkpoint()
+                            self.checkpoints.save(self.global_step)
                         saved_at = self.global_step
                     metrics.update(timer.metrics())
                     metrics["training/global_step"] = self.global_step
                     metrics["training/epoch"] = epoch
-                    self.metrics.log(self.global_step, metrics)
-                    self.report(metrics, force=last)
+                    self.reporting.log(self.global_step, metrics)
+                    self.reporting.progress(self.global_step, metrics, last_checkpoint=self.last_checkpoint, force=last)
                     bar.update(1)
                     if last or self.stop_requested:
                         break
             if self.stop_requested:
                 if saved_at != self.global_step:
-                    self.save_checkpoint()
-                self.write(f"interrupted: checkpoint saved at step {self.global_step} in {self.last_checkpoint}")
+                    self.checkpoints.save(self.global_step)
+                write(f"interrupted: checkpoint saved at step {self.global_step} in {self.last_checkpoint}")
                 return self.stop_code
             return 0
         finally:
@@ -443,45 +241,26 @@ class Trainer:
             raise KeyboardInterrupt
         self.stop_requested = True
         self.stop_code = STOP_SIGNALS[signal.Signals(signum)]
-        self.write(
+        write(
             f"{signal.Signals(signum).name}: finishing this step, saving a checkpoint and exiting "
             "(a second signal aborts)"
-        )
-
-    def report(self, metrics: dict[str, float], force: bool) -> None:
-        if self.reporter is None:
-            return
-        step_time = metrics.get("perf/time_per_step") or 0.0
-        self.reporter.report(
-            Progress(
-                step=self.global_step,
-                total_steps=self.total_steps,
-                epoch=int(metrics.get("training/epoch", 0)),
-                reward_mean=metrics.get("critic/score/mean"),
-                last_checkpoint=self.last_checkpoint,
-                tokens_per_second=metrics["perf/total_num_tokens"] / step_time if step_time else None,
-            ),
-            force=force,
         )
 
     # --- one step --------------------------------------------------------------------------------------------
 
     def train_step(self, prompts: list[Prompt]) -> dict[str, float]:
-        spec, algo = self.spec, self.spec.algorithm
+        """generate → reward → old/reference log-probs, values → advantages → update → sync → metrics."""
         timer = Timer()
-        metrics: dict[str, float] = {}
         with timer("step"):
-            batch = collect_batch(self, prompts, timer)
-            rows, scores, group_ids = batch.rows, batch.scores, batch.group_ids
-            metrics.update(batch.metrics)
-            if self.agent is not None:
-                metrics.update(self.agent.metrics())
-            token_scores = place_at_last_token(scores, rows["response_mask"])
+            batch = collect_batch(self, prompts, timer)  # generate → reward, dynamic sampling's rounds
+            rows = batch.rows
+            metrics = {**batch.metrics, **(self.agent.metrics() if self.agent is not None else {})}
+            entropy: Tensor | None = None
             fused = self.plan.old_log_probs_from_update
             if not fused:
                 with timer("old_log_prob"):
                     out = self.forward_all(self.actor, "compute_log_probs", rows)
-                    rows["old_log_probs"] = out["log_probs"]
+                    rows["old_log_probs"], entropy = out["log_probs"], out.get("entropy")
             if self.plan.uses_reference:
                 with timer("ref"):
                     rows["ref_log_probs"] = self.forward_all(self.actor, "compute_ref_log_probs", rows)["ref_log_probs"]
@@ -489,69 +268,81 @@ class Trainer:
                 with timer("values"):
                     rows["values"] = self.forward_all(self.critic, "compute_values", rows)["values"]
             with timer("adv"):
-                mask = rows["response_mask"].float()
-                token_rewards = token_scores
-                if algo.kl.in_reward:
-                    token_rewards, mean_kl = apply_kl_in_reward(
-                        token_scores,
-                        rows["old_log_probs"],
-                        rows["ref_log_probs"],
-                        mask,
-                        coef=self.kl_ctrl.value,
-                        kind=algo.kl.type,
-                    )
-                    metrics["actor/reward_kl_penalty"] = mean_kl
-                    metrics["actor/reward_kl_penalty_coeff"] = self.kl_ctrl.value
-                    self.kl_ctrl.update(mean_kl, len(batch.samples))
-                advantages, returns = compute_advantages(
-                    algo.advantage_estimator,
-                    token_rewards,
-                    mask,
-                    values=rows.get("values"),
-                    group_ids=group_ids,
-                    gamma=algo.gamma,
-                    lam=algo.lam,
-                    norm_adv_by_std=algo.norm_adv_by_std,
-                    reward_baselines=batch.reward_baselines,
-                )
-                rows["advantages"], rows["returns"] = advantages, returns
+                token_rewards, kl_metrics = self.advantages(batch)
+                metrics.update(kl_metrics)
             if self.critic is not None:
                 with timer("update_critic"):
                     metrics.update(self.update(self.critic, rows, ("values", "returns"), "critic"))
             with timer("update_actor"):
                 keys = ("advantages",) + (() if fused else ("old_log_probs",))
-                keys += ("ref_log_probs",) if algo.kl.loss.enabled else ()
+                keys += ("ref_log_probs",) if self.spec.algorithm.kl.loss.enabled else ()
                 metrics.update(self.update(self.actor, rows, keys, "actor"))
                 if fused:  # the old log-probs and entropy of the update's own forward, rows in rank order
                     parts = self.actor.all("update_outputs")
-                    out = {k: torch.cat([r[k] for r in parts]) for k in ("log_probs", "entropy")}
-                    rows["old_log_probs"] = out["log_probs"]
+                    rows["old_log_probs"] = torch.cat([r["log_probs"] for r in parts])
+                    entropy = torch.cat([r["entropy"] for r in parts])
             with timer("update_weights"):
                 self.actor.all("sync_weights")
         metrics.update(timer.metrics())
-        metrics.update(
-            data_metrics(
-                rows,
-                scores,
-                token_rewards,
-                out.get("entropy"),
-                batch.extra_metrics(),
-                max_response_length=spec.data.max_response_length,
-                kl_coef=self.kl_coef(),
-            )
-        )
-        metrics.update(
-            perf_metrics(
-                rows,
-                timer,
-                ranks=self.dp,
-                flops_per_token=self.flops_per_token,
-                ppo_epochs=spec.batch.ppo_epochs,
-                peak_flops=self.peak_flops(),
-                device_stats=self.device_stats(),
-            )
-        )
+        metrics.update(self.step_metrics(batch, token_rewards, entropy, timer))
         return metrics
+
+    def advantages(self, batch: Rollouts) -> tuple[Tensor, dict[str, float]]:
+        """Advantages and returns into the batch's rows. Returns the token rewards they came from (the score at the
+        last token, less the KL penalty with ``kl.inReward``, which moves the KL controller) and the penalty's
+        metrics."""
+        algo, rows = self.spec.algorithm, batch.rows
+        mask = rows["response_mask"].float()
+        token_scores = place_at_last_token(batch.scores, rows["response_mask"])
+        token_rewards, metrics = token_scores, {}
+        if algo.kl.in_reward:
+            token_rewards, mean_kl = apply_kl_in_reward(
+                token_scores,
+                rows["old_log_probs"],
+                rows["ref_log_probs"],
+                mask,
+                coef=self.kl_ctrl.value,
+                kind=algo.kl.type,
+            )
+            metrics["actor/reward_kl_penalty"] = mean_kl
+            metrics["actor/reward_kl_penalty_coeff"] = self.kl_ctrl.value
+            self.kl_ctrl.update(mean_kl, len(batch.samples))
+        rows["advantages"], rows["returns"] = compute_advantages(
+            algo.advantage_estimator,
+            token_rewards,
+            mask,
+            values=rows.get("values"),
+            group_ids=batch.group_ids,
+            gamma=algo.gamma,
+            lam=algo.lam,
+            norm_adv_by_std=algo.norm_adv_by_std,
+            reward_baselines=batch.reward_baselines,
+        )
+        return token_rewards, metrics
+
+    def step_metrics(
+        self, batch: Rollouts, token_rewards: Tensor, entropy: Tensor | None, timer: Timer
+    ) -> dict[str, float]:
+        """The step's data (scores, rewards, lengths, entropy, KL) and throughput (tokens/s, MFU) metrics."""
+        data = data_metrics(
+            batch.rows,
+            batch.scores,
+            token_rewards,
+            entropy,
+            batch.extra_metrics(),
+            max_response_length=self.spec.data.max_response_length,
+            kl_coef=self.kl_coef(),
+        )
+        perf = perf_metrics(
+            batch.rows,
+            timer,
+            ranks=self.dp,
+            flops_per_token=self.flops_per_token,
+            ppo_epochs=self.spec.batch.ppo_epochs,
+            peak_flops=self.cluster.peak_flops(),
+            device_stats=self.cluster.device_stats(),
+        )
+        return {**data, **perf}
 
     def train_sampling(self) -> dict[str, Any]:
         r = self.spec.rollout
@@ -587,8 +378,9 @@ class Trainer:
     def generate_turn(self, prompts: list[list[int]], n: int, sampling: dict[str, Any]) -> Rows:
         """Each rank generates a consecutive share; whole prompts when they divide evenly, else single samples.
         A separate rollout splits the prompts over its engines instead."""
-        if self.rollout is not None:
-            return self.rollout.generate(prompts, n, **sampling).as_rows()
+        rollout = self.cluster.rollout
+        if rollout is not None:
+            return rollout.generate(prompts, n, **sampling).as_rows()
         if len(prompts) % self.dp == 0:
             per = len(prompts) // self.dp
             calls = [(prompts[r * per : (r + 1) * per], n, sampling) for r in range(self.dp)]
@@ -611,7 +403,7 @@ class Trainer:
 
     def update(self, group: Any, rows: Rows, keys: tuple[str, ...], role: str) -> dict[str, float]:
         """Split by mini-batch and rank (plan_batches), send each rank its slices and the global token totals."""
-        mini_rows = self.spec.batch.ppo_mini_batch_size * self.spec.batch.rollout_n
+        mini_rows = self.batch_plan.responses_per_mini_batch
         keys += ("response_attention_mask",) if "response_attention_mask" in rows else ()
         wanted = {k: rows[k] for k in ("prompts", "prompt_mask", "responses", "response_mask", *keys)}
         totals = [
@@ -682,38 +474,12 @@ class Trainer:
             return kl.loss.coef
         return self.kl_ctrl.value if kl.in_reward else None
 
-    def device_stats(self) -> list[dict[str, float]] | None:
-        return self.actor.all("device_stats") if self.spec.cluster.device == "cuda" else None
-
-    def peak_flops(self) -> float | None:
-        """Peak FLOP/s of one device, or None when unknown (CPU without KUBERL_PEAK_FLOPS): no MFU then."""
-        if os.environ.get("KUBERL_PEAK_FLOPS"):
-            return float(os.environ["KUBERL_PEAK_FLOPS"])
-        if self.spec.cluster.device != "cuda":
-            return None
-        if not hasattr(self, "gpu_name"):
-            self.gpu_name = self.actor.all("device_name")[0]
-        return next((v for k, v in PEAK_FLOPS.items() if k in self.gpu_name), None)
-
     # --- teardown --------------------------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        import ray
-
-        if hasattr(self, "metrics"):
-            self.metrics.close()
-        if self.agent is not None:
-            self.agent.close()
-        if self.stop_code == EXIT_STOPPED:  # the pod is going down: its Ray processes got SIGTERM too
-            return
-        for group in self.groups:
-            with contextlib.suppress(Exception):
-                group.kill()
-        if getattr(self, "pg", None) is not None:
-            with contextlib.suppress(Exception):
-                ray.util.remove_placement_group(self.pg)
-        if self.ray_started_here:
-            ray.shutdown()
+        if hasattr(self, "reporting"):
+            self.reporting.close()
+        self.cluster.shutdown(pod_stopping=self.stop_code == EXIT_STOPPED)
 
 
 # --- entry points ----------------------------------------------------------------------------------------------
