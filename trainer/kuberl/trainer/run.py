@@ -44,7 +44,7 @@ from kuberl.trainer.kl import apply_kl_in_reward, make_kl_controller
 from kuberl.trainer.metrics import MetricsLogger, Timer
 from kuberl.trainer.microbatch import Rows, concat, shard_mini_batches, shard_rows, slice_rows
 from kuberl.trainer.plan import ExecutionPlan, plan_execution
-from kuberl.trainer.rewards import RewardInput, load_reward_function, score_batch
+from kuberl.trainer.rewards import SCORE_DTYPE, RewardInput, RewardPolicy, check_finite, make_scorer
 from kuberl.trainer.rollout import Rollout
 from kuberl.trainer.rollout.layout import RolloutLayout, rollout_pool_labelled
 from kuberl.trainer.status_reporter import StatusReporter
@@ -141,7 +141,8 @@ class Trainer:
             f"{self.total_steps} steps, {len(self.loader)} per epoch; {len(dataset)} prompts "
             f"({dataset.num_filtered} overlong filtered), {len(self.val_prompts)} validation prompts"
         )
-        self.reward_fn = None if spec.reward.model else load_reward_function(spec.reward.function)
+        policy = RewardPolicy(spec.reward.timeout_seconds, spec.reward.on_error, spec.reward.max_error_fraction)
+        self.reward_fn = None if spec.reward.model else make_scorer(spec.reward.function, policy)
         self.rm_tokenizer = load_tokenizer(spec.reward.model.path) if spec.reward.model else None
         self.start_ray()
         self.start_workers()
@@ -624,8 +625,11 @@ class Trainer:
 
     def score(self, samples: list[Prompt], rows: Rows) -> tuple[Tensor, dict[str, Tensor]]:
         """One score per response, and the reward function's extra numbers per response (NaN where missing)."""
+        sources = [s.data_source for s in samples]
         if self.agent is not None and self.agent.agent.environment is not None:
-            return self.agent.environment_scores(), {}
+            scores = self.agent.environment_scores().to(SCORE_DTYPE)
+            check_finite(scores, sources, f"rollout.agent.environment {self.agent.agent.environment.class_path}")
+            return scores, {}
         texts = (
             self.agent.texts()
             if self.agent is not None
@@ -644,7 +648,9 @@ class Trainer:
             ]
             chunks = [list(c) for c in np.array_split(np.array(full, dtype=object), self.dp)]
             results = self.reward_model.each("score", [(c,) for c in chunks])
-            return torch.tensor([x for r in results for x in r], dtype=torch.float32), {}
+            scores = torch.tensor([x for r in results for x in r], dtype=SCORE_DTYPE)
+            check_finite(scores, sources, f"reward.model {self.spec.reward.model.path}")
+            return scores, {}
         inputs = [
             RewardInput(
                 s.data_source,
@@ -655,10 +661,10 @@ class Trainer:
             for i, (s, t) in enumerate(zip(samples, texts, strict=True))
         ]
         assert self.reward_fn is not None, "set unless a reward model scores"
-        outputs = score_batch(self.reward_fn, inputs)
+        outputs = self.reward_fn.score(inputs)
         keys = sorted({k for o in outputs for k in o.extra})
         return (
-            torch.tensor([o.score for o in outputs], dtype=torch.float32),
+            torch.tensor([o.score for o in outputs], dtype=SCORE_DTYPE),
             {k: torch.tensor([o.extra.get(k, float("nan")) for o in outputs], dtype=torch.float32) for k in keys},
         )
 
@@ -704,6 +710,8 @@ class Trainer:
             self.metrics.close()
         if self.agent is not None:
             self.agent.close()
+        if getattr(self, "reward_fn", None) is not None:
+            self.reward_fn.close()
         if self.stop_code == EXIT_STOPPED:  # the pod is going down: its Ray processes got SIGTERM too
             return
         for group in self.groups:
