@@ -242,7 +242,7 @@ def to_output(fn: RewardFunction, index: int, sample: RewardInput, value: Any) -
         )
     if not finite_in_score_dtype(score):
         raise NonFiniteRewardError(
-            failure(fn, index, sample, f"returned {score!r}, which is {as_score_dtype(score)} in {SCORE_DTYPE}")
+            failure(fn, index, sample, f"returned {score!r:.60}, which is {as_score_dtype(score)} in {SCORE_DTYPE}")
             + "; return a finite score within float32's range (|score| < 3.4e38)"
         )
     return RewardOutput(score=float(score), extra=extra)
@@ -253,7 +253,7 @@ def as_score_dtype(value: numbers.Real) -> float:
     try:
         number = float(value)
     except OverflowError:
-        number = math.copysign(math.inf, int(value))
+        number = math.inf if value > 0 else -math.inf
     return float(torch.tensor(number, dtype=SCORE_DTYPE))
 
 

@@ -621,7 +621,14 @@ class Trainer:
         ]
         per_rank = shard_mini_batches(wanted, mini_batch_rows=mini_rows, dp=self.dp)
         results = group.each("update", [(mbs, totals) for mbs in per_rank])
-        return reduce_update_metrics(results, role)
+        metrics = reduce_update_metrics(results, role)
+        if metrics[f"{role}/skipped_steps"] and self.reporter is not None:
+            self.reporter.event(
+                "NonFiniteStepsSkipped",
+                f"step {self.global_step + 1}: {metrics[f'{role}/skipped_steps']:.0f} {role} optimizer step(s) "
+                "skipped for a non-finite gradient norm",
+            )
+        return metrics
 
     def score(self, samples: list[Prompt], rows: Rows) -> tuple[Tensor, dict[str, Tensor]]:
         """One score per response, and the reward function's extra numbers per response (NaN where missing)."""
