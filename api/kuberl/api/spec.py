@@ -251,8 +251,8 @@ class Reward(SpecModel):
     )
     on_error: Literal["fail", "zero"] = Field(
         "fail",
-        description="When the reward function raises on a sample: fail the job, or score that sample 0 (counted "
-        "in reward/error_fraction) while at most maxErrorFraction of the batch fails.",
+        description="When the reward function raises on a sample: fail the job, or score that sample 0 (the "
+        "metric reward_extra/reward_error/mean is the failed share) while at most maxErrorFraction of a batch fails.",
     )
     max_error_fraction: float = Field(
         0.1,
