@@ -253,7 +253,7 @@ def as_score_dtype(value: numbers.Real) -> float:
     try:
         number = float(value)
     except OverflowError:
-        number = math.inf if value > 0 else -math.inf
+        number = -math.inf if isinstance(value, int) and value < 0 else math.inf
     return float(torch.tensor(number, dtype=SCORE_DTYPE))
 
 

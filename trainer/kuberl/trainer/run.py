@@ -646,7 +646,7 @@ class Trainer:
             )
         )
         if self.reward_model is not None:
-            assert self.rm_tokenizer is not None, "set with the reward model"
+            assert self.rm_tokenizer is not None and self.spec.reward.model is not None, "set with the reward model"
             full = [
                 self.rm_tokenizer.apply_chat_template(
                     [*s.raw_prompt, {"role": "assistant", "content": t}], tokenize=False
@@ -717,8 +717,9 @@ class Trainer:
             self.metrics.close()
         if self.agent is not None:
             self.agent.close()
-        if getattr(self, "reward_fn", None) is not None:
-            self.reward_fn.close()
+        reward_fn = getattr(self, "reward_fn", None)  # None before setup got to it, or with a reward model
+        if reward_fn is not None:
+            reward_fn.close()
         if self.stop_code == EXIT_STOPPED:  # the pod is going down: its Ray processes got SIGTERM too
             return
         for group in self.groups:
