@@ -599,6 +599,37 @@ INVALID_CASES += [
         _set("spec.reward.model", {"path": "gs://bucket/rm"}),
     ),
     _case(
+        "reward-on-error-zero-with-model",
+        "spec.reward.onError",
+        "reward-on-error-needs-function",
+        lambda doc: doc["spec"].update(reward={"onError": "zero", "model": {"path": "/models/rm", "maxLength": 4096}}),
+        "reward.onError zero",
+    ),
+    _case(
+        "reward-timeout-zero",
+        "spec.reward.timeoutSeconds",
+        "schema",
+        _set("spec.reward.timeoutSeconds", 0),
+    ),
+    _case(
+        "reward-on-error-unknown",
+        "spec.reward.onError",
+        "schema",
+        _set("spec.reward.onError", "skip"),
+    ),
+    _case(
+        "reward-error-fraction-above-one",
+        "spec.reward.maxErrorFraction",
+        "schema",
+        _set("spec.reward.maxErrorFraction", 1.5),
+    ),
+    _case(
+        "skipped-steps-zero",
+        "spec.trainer.maxConsecutiveSkippedSteps",
+        "schema",
+        _set("spec.trainer.maxConsecutiveSkippedSteps", 0),
+    ),
+    _case(
         "train-file-gs",
         "spec.data.trainFiles",
         "data-trainfiles-source",

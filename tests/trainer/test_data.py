@@ -114,6 +114,17 @@ def test_numeric_ground_truths_keep_their_string_form(value: Any, text: str) -> 
     assert prompt.ground_truth == text
 
 
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_a_numeric_ground_truth_0_read_from_a_file_scores(tmp_path: Path, suffix: str) -> None:
+    """An int64 ground_truth column (parquet) or a JSON number: 0 must score "#### 0", not become ""."""
+    from kuberl.trainer.rewards import RewardInput, gsm8k, score_batch
+
+    path = write_rows([row(ground_truth=0), row(ground_truth=7)], str(tmp_path / f"d{suffix}"))
+    prompts = PromptDataset(load_rows([str(path)]), TOKENIZER, max_prompt_length=100, filter_overlong=False)
+    inputs = [RewardInput(p.data_source, "so\n#### 0", p.ground_truth, p.extra_info) for p in prompts]
+    assert [o.score for o in score_batch(gsm8k, inputs)] == [1.0, 0.0]
+
+
 def test_overlong_prompts_are_filtered_and_counted_keeping_row_indices() -> None:
     template = len(
         TOKENIZER.apply_chat_template([{"role": "user", "content": ""}], add_generation_prompt=True, tokenize=False)

@@ -10,11 +10,15 @@ from transformers import AutoModelForSequenceClassification
 from kuberl.trainer import models
 from kuberl.trainer.rewards import (
     BUILTINS,
+    ERROR_KEY,
+    SCORE_DTYPE,
+    NonFiniteRewardError,
     RewardFunctionError,
     RewardFunctionLoadError,
     RewardInput,
     RewardModelScorer,
     RewardOutput,
+    check_finite,
     default,
     exact_match,
     gsm8k,
@@ -171,6 +175,50 @@ def test_a_nan_score_is_an_error() -> None:
         score_batch(lambda *args: float("nan"), [sample()])
 
 
+def test_a_score_finite_in_float64_but_not_in_float32_is_an_error_naming_the_sample() -> None:
+    with pytest.raises(NonFiniteRewardError, match=r"returned 1e\+39, which is inf in torch.float32 on sample 1") as e:
+        score_batch(lambda ds, sol, gt, extra: 1e39 if sol == "big" else 1.0, [sample(), sample("big", "7", "my/src")])
+    assert "data_source='my/src'" in str(e.value) and "ground_truth='7'" in str(e.value)
+
+
+@pytest.mark.parametrize("score", [-1e39, 10**400, {"score": float("inf")}], ids=["-1e39", "10**400", "dict-inf"])
+def test_scores_beyond_float32_are_errors_whatever_their_type(score: object) -> None:
+    with pytest.raises(NonFiniteRewardError, match=r"in torch\.float32"):
+        score_batch(lambda *args: score, [sample()])
+
+
+def test_the_largest_float32_scores_pass() -> None:
+    assert score_batch(lambda *args: -3.4e38, [sample()])[0].score == -3.4e38
+
+
+def test_on_error_zero_scores_raising_samples_zero_and_marks_them_within_the_fraction() -> None:
+    def fn(ds: str, sol: str, gt: str, extra: dict) -> float:
+        if sol == "bad":
+            raise ValueError("unparseable")
+        return 1.0
+
+    batch = [sample("ok"), sample("bad"), sample("ok"), sample("ok")]
+    outputs = score_batch(fn, batch, on_error="zero", max_error_fraction=0.25)
+    assert [o.score for o in outputs] == [1.0, 0.0, 1.0, 1.0]
+    assert [o.extra[ERROR_KEY] for o in outputs] == [0.0, 1.0, 0.0, 0.0]
+
+
+def test_on_error_zero_fails_when_more_than_the_fraction_raise() -> None:
+    def fn(ds: str, sol: str, gt: str, extra: dict) -> float:
+        if sol == "bad":
+            raise ValueError("unparseable")
+        return 1.0
+
+    batch = [sample("ok"), sample("bad"), sample("bad"), sample("ok")]
+    with pytest.raises(RewardFunctionError, match=r"sample 1.*2 of 4 samples raised \(reward.onError zero allows 0.25"):
+        score_batch(fn, batch, on_error="zero", max_error_fraction=0.25)
+
+
+def test_on_error_zero_still_fails_on_a_non_finite_score() -> None:
+    with pytest.raises(NonFiniteRewardError):
+        score_batch(lambda *args: float("nan"), [sample()], on_error="zero", max_error_fraction=1.0)
+
+
 def test_a_dict_without_score_is_an_error_naming_its_keys() -> None:
     with pytest.raises(RewardFunctionError, match=r"without 'score' \(\['acc'\]\)"):
         score_batch(lambda *args: {"acc": 1.0}, [sample()])
@@ -274,3 +322,21 @@ def test_generated_gsm8k_rows_are_scored_by_the_gsm8k_rule_under_their_own_sourc
     assert row["data_source"] == GSM8K_SYNTH_SOURCE != "openai/gsm8k"
     assert default(row["data_source"], f"so\n#### {truth}", truth) == 1.0
     assert default(row["data_source"], f"#### {int(truth) + 1}", truth) == 0.0
+
+
+def test_a_reward_model_with_a_diverged_head_fails_the_finiteness_check_naming_sample_and_model(
+    reward_model_dir: Path,
+) -> None:
+    scorer = RewardModelScorer(str(reward_model_dir), micro_batch_size=2, dtype=torch.float32, max_length=64)
+    with torch.no_grad():
+        scorer.model.get_submodule("score").weight[0, 0] = float("nan")
+    scores = torch.tensor(scorer.score(TEXTS[:3]), dtype=SCORE_DTYPE)
+    with pytest.raises(
+        NonFiniteRewardError, match=r"reward.model /rm scored nan on sample 0 \(data_source='a'\); 3 of 3"
+    ):
+        check_finite(scores, ["a", "b", "c"], "reward.model /rm")
+
+
+def test_finite_reward_model_scores_pass_the_check(reward_model_dir: Path) -> None:
+    scorer = RewardModelScorer(str(reward_model_dir), micro_batch_size=2, dtype=torch.float32, max_length=64)
+    check_finite(torch.tensor(scorer.score(TEXTS[:2]), dtype=SCORE_DTYPE), ["a", "b"], "reward.model /rm")

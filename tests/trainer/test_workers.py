@@ -223,3 +223,39 @@ def test_an_update_without_old_log_probs_takes_them_from_its_own_forward(local_r
         assert (from_update[~mask] == 0).all()
     for name, tensor in results[False][2].items():
         torch.testing.assert_close(weights[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.timeout(300)
+def test_non_finite_steps_are_skipped_counted_and_fail_after_the_limit_in_a_row(local_ray):
+    """NaN advantages (a reward that was inf before the finiteness check) make the gradient norm NaN: the step is
+    skipped and counted, a finite step resets the run, and maxConsecutiveSkippedSteps in a row fail the update."""
+    import ray
+
+    from kuberl.trainer.step_metrics import reduce_update_metrics
+
+    spec = spec_for(1, ppoMicroBatchSizePerGPU=8)
+    spec.trainer.max_consecutive_skipped_steps = 2
+    rows = fixed_rows()
+    poisoned = dict(rows, advantages=rows["advantages"].clone())
+    poisoned["advantages"][0, 0] = float("nan")
+    totals = [{"tokens": float(rows["response_mask"].sum()), "seqs": 8.0}]
+    group = Group(spec)
+    try:
+        keys = ("prompts", "prompt_mask", "responses", "response_mask")
+        old = group.group.each("compute_log_probs", [({k: rows[k] for k in keys},)])[0]["log_probs"]
+
+        def update(given: dict[str, torch.Tensor]) -> dict[str, float]:
+            mine = shard_mini_batches(dict(given, old_log_probs=old), mini_batch_rows=8, dp=1)
+            return reduce_update_metrics(group.group.each("update", [(m, totals) for m in mine]), "actor")
+
+        before = group.group.all("full_weights")[0]
+        assert update(poisoned)["actor/skipped_steps"] == 1.0
+        after = group.group.all("full_weights")[0]
+        assert all(torch.equal(after[k], before[k]) for k in before), "a skipped step changed the weights"
+        assert update(rows)["actor/skipped_steps"] == 0.0
+        assert update(poisoned)["actor/skipped_steps"] == 1.0
+        with pytest.raises(ray.exceptions.RayTaskError, match=r"2 optimizer steps in a row had a non-finite") as e:
+            update(poisoned)
+        assert "NonFiniteStepsError" in str(e.value) and "maxConsecutiveSkippedSteps = 2" in str(e.value)
+    finally:
+        group.close()

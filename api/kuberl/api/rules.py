@@ -595,6 +595,15 @@ RULES: tuple[Rule, ...] = (
         "to a builtin or 'module:function' / 'file.py:function'",
         verl="ours",
     ),
+    # --- rewards and numerics (issue 14) ---
+    Rule(
+        id="reward-on-error-needs-function",
+        field="reward.onError",
+        rule="self.reward.onError == 'fail' || !has(self.reward.model)",
+        message="reward.onError ${self.reward.onError} scores the samples a reward function raised on as 0, but "
+        "reward.model scores every sample or fails the step; use onError fail with a reward model",
+        verl="ours",
+    ),
     Rule(
         id="name-fits-kuberay",
         field="metadata.name",

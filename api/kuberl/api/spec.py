@@ -242,6 +242,25 @@ class Reward(SpecModel):
         description="DAPO's soft overlong punishment: subtract a penalty rising linearly from 0 to penaltyFactor "
         "over the last length tokens of data.maxResponseLength.",
     )
+    timeout_seconds: float = Field(
+        300,
+        gt=0,
+        le=86400,
+        description="Seconds one batch of reward-function calls may take. A custom function runs in a process of "
+        "its own, killed at the timeout, and the job fails (a reward function error: not retried).",
+    )
+    on_error: Literal["fail", "zero"] = Field(
+        "fail",
+        description="When the reward function raises on a sample: fail the job, or score that sample 0 (the "
+        "metric reward_extra/reward_error/mean is the failed share) while at most maxErrorFraction of a batch fails.",
+    )
+    max_error_fraction: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="With onError zero: the largest fraction of one batch's samples that may fail; above it the "
+        "job fails.",
+    )
 
 
 # --- batch -------------------------------------------------------------------------
@@ -487,6 +506,13 @@ class Trainer(SpecModel):
         description="Metric sinks besides Prometheus.",
     )
     metrics_port: int = Field(9400, ge=0, le=65535, description="Prometheus endpoint of the trainer (0 disables).")
+    max_consecutive_skipped_steps: int = Field(
+        10,
+        ge=1,
+        le=10000,
+        description="Optimizer steps skipped in a row for a non-finite gradient norm before the job fails "
+        "(each skip is counted in actor/skipped_steps and posted as an Event).",
+    )
 
 
 # --- cluster -----------------------------------------------------------------------

@@ -3,6 +3,10 @@
 A reward function is called as ``fn(data_source, solution_str, ground_truth, extra_info)`` (verl's
 ``compute_score`` signature, so verl users' functions drop in) and returns a number, a bool, or a dict with
 ``"score"`` plus other keys to log. It may be ``async def``; a batch of async calls runs concurrently.
+
+Builtins run in the driver. A user's function runs in a process of its own (:class:`RewardProcess`), so that a batch
+past ``reward.timeoutSeconds`` can be killed wherever it is stuck: a Python loop, a sleep, C code holding the GIL.
+Every score must be finite in float32, the dtype the scores are trained in (``1e39`` is finite in float64 only).
 """
 
 import asyncio
@@ -10,19 +14,22 @@ import concurrent.futures
 import importlib
 import importlib.util
 import inspect
+import logging
 import math
+import multiprocessing
 import numbers
 import re
 import sys
+import weakref
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 
-from kuberl.trainer.models import load_sequence_classifier, load_tokenizer
-
+log = logging.getLogger(__name__)
 RewardFunction = Callable[[str, str, str, dict[str, Any]], Any]
 BUILTINS: dict[str, RewardFunction] = {}
 Registered = TypeVar("Registered", bound=RewardFunction)
@@ -32,8 +39,27 @@ class RewardFunctionError(RuntimeError):
     """A reward function failed on a sample or returned something that is not a score."""
 
 
+class RewardTimeoutError(RewardFunctionError):
+    """A batch of reward-function calls ran past ``reward.timeoutSeconds``; the function's process was killed."""
+
+
+class NonFiniteRewardError(RewardFunctionError):
+    """A score is NaN or infinite in the training dtype (:data:`SCORE_DTYPE`)."""
+
+
 class RewardFunctionLoadError(ValueError):
     """``reward.function`` names nothing callable."""
+
+
+SCORE_DTYPE = torch.float32
+"""The dtype scores are trained in: finiteness is checked after the cast to it."""
+ERROR_KEY = "reward_error"
+"""With ``onError: zero``, the extra that is 1 for a sample the function raised on (scored 0), else 0: its batch
+mean is the metric ``reward_extra/reward_error/mean``."""
+OnError = Literal["fail", "zero"]
+LOAD_SECONDS = 120.0
+"""How long the reward process may take to start and import the function (``reward.timeoutSeconds`` if longer): a
+spawned interpreter imports torch, and the function's module may import heavy libraries."""
 
 
 @dataclass(frozen=True)
@@ -204,7 +230,7 @@ def to_output(fn: RewardFunction, index: int, sample: RewardInput, value: Any) -
             raise RewardFunctionError(failure(fn, index, sample, f"returned a dict without 'score' ({sorted(value)})"))
         score = value["score"]
         extra = {k: float(v) for k, v in value.items() if k != "score" and isinstance(v, numbers.Real)}
-    if not isinstance(score, numbers.Real) or not math.isfinite(float(score)):
+    if not isinstance(score, numbers.Real):
         raise RewardFunctionError(
             failure(
                 fn,
@@ -214,7 +240,37 @@ def to_output(fn: RewardFunction, index: int, sample: RewardInput, value: Any) -
                 "return a finite number, a bool, or a dict with a numeric 'score'",
             )
         )
+    if not finite_in_score_dtype(score):
+        raise NonFiniteRewardError(
+            failure(fn, index, sample, f"returned {score!r:.60}, which is {as_score_dtype(score)} in {SCORE_DTYPE}")
+            + "; return a finite score within float32's range (|score| < 3.4e38)"
+        )
     return RewardOutput(score=float(score), extra=extra)
+
+
+def as_score_dtype(value: numbers.Real) -> float:
+    """``value`` cast to :data:`SCORE_DTYPE` (an integer too large for a float is infinite)."""
+    try:
+        number = float(value)
+    except OverflowError:
+        number = -math.inf if isinstance(value, int) and value < 0 else math.inf
+    return float(torch.tensor(number, dtype=SCORE_DTYPE))
+
+
+def finite_in_score_dtype(value: numbers.Real) -> bool:
+    return math.isfinite(as_score_dtype(value))
+
+
+def check_finite(scores: torch.Tensor, data_sources: list[str], source: str) -> None:
+    """Raise :class:`NonFiniteRewardError` naming the first sample whose score (already in its training dtype) is
+    NaN or infinite; ``source`` says what scored it (a reward model, an environment)."""
+    bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
+    if bad:
+        first = bad[0]
+        raise NonFiniteRewardError(
+            f"{source} scored {scores[first].item()} on sample {first} (data_source={data_sources[first]!r}); "
+            f"{len(bad)} of {len(scores)} scores in the batch are not finite in {scores.dtype}"
+        )
 
 
 def call(fn: RewardFunction, sample: RewardInput) -> Any:
@@ -239,25 +295,162 @@ def run_async(awaitable: Coroutine[Any, Any, list[Any]]) -> list[Any]:
         return pool.submit(asyncio.run, awaitable).result()
 
 
-def score_batch(fn: RewardFunction, samples: list[RewardInput]) -> list[RewardOutput]:
-    """Score every sample; the first failure (in sample order) raises ``RewardFunctionError`` chained to its cause."""
+def call_all(fn: RewardFunction, samples: list[RewardInput]) -> list[Any]:
+    """Each sample's return value, or the exception the function raised on it."""
     if is_async(fn):
-        results = run_async(gather(fn, samples))
-    else:
-        results = []
-        for index, sample in enumerate(samples):
-            try:
-                results.append(call(fn, sample))
-            except Exception as e:
-                raise RewardFunctionError(failure(fn, index, sample, f"raised {type(e).__name__}: {e}")) from e
+        return run_async(gather(fn, samples))
+    results: list[Any] = []
+    for sample in samples:
+        try:
+            results.append(call(fn, sample))
+        except Exception as e:
+            results.append(e)
+    return results
+
+
+def score_batch(
+    fn: RewardFunction, samples: list[RewardInput], *, on_error: OnError = "fail", max_error_fraction: float = 0.0
+) -> list[RewardOutput]:
+    """Score every sample. A sample the function raised on fails the batch (``RewardFunctionError`` naming the
+    first, chained to its cause), or with ``on_error="zero"`` scores 0 while at most ``max_error_fraction`` of the
+    batch failed. A return value that is no score, or not finite in float32, always fails."""
+    results = call_all(fn, samples)
+    errors = [(i, r) for i, r in enumerate(results) if isinstance(r, Exception)]
+    if errors and (on_error == "fail" or len(errors) > max_error_fraction * len(samples)):
+        index, first = errors[0]
+        allowed = f" (reward.onError zero allows {max_error_fraction:g} of the batch)" if on_error == "zero" else ""
+        raise RewardFunctionError(
+            failure(fn, index, samples[index], f"raised {type(first).__name__}: {first}")
+            + f"; {len(errors)} of {len(samples)} samples raised{allowed}"
+        ) from first
     outputs = []
     for index, (sample, result) in enumerate(zip(samples, results, strict=True)):
         if isinstance(result, Exception):
-            raise RewardFunctionError(
-                failure(fn, index, sample, f"raised {type(result).__name__}: {result}")
-            ) from result
-        outputs.append(to_output(fn, index, sample, result))
+            log.warning("%s; scored 0 (reward.onError zero)", failure(fn, index, sample, f"raised {result!r}"))
+            outputs.append(RewardOutput(score=0.0, extra={ERROR_KEY: 1.0}))
+            continue
+        output = to_output(fn, index, sample, result)
+        outputs.append(RewardOutput(output.score, {**output.extra, ERROR_KEY: 0.0}) if on_error == "zero" else output)
     return outputs
+
+
+@dataclass(frozen=True)
+class RewardPolicy:
+    """``spec.reward``'s handling of slow and failing functions."""
+
+    timeout_seconds: float
+    on_error: OnError = "fail"
+    max_error_fraction: float = 0.0
+
+
+class InProcessScorer:
+    """A builtin, called in the driver: ours, pure and bounded (a regex over the response's tail), so no process."""
+
+    def __init__(self, fn: RewardFunction, policy: RewardPolicy) -> None:
+        self.fn = fn
+        self.policy = policy
+
+    def score(self, samples: list[RewardInput]) -> list[RewardOutput]:
+        return score_batch(
+            self.fn, samples, on_error=self.policy.on_error, max_error_fraction=self.policy.max_error_fraction
+        )
+
+    def close(self) -> None:
+        pass
+
+
+RAISED_IN_PROCESS: dict[str, type[RewardFunctionError]] = {
+    cls.__name__: cls for cls in (RewardFunctionError, NonFiniteRewardError)
+}
+
+
+def serve(name: str, policy: RewardPolicy, conn: Connection) -> None:
+    """The reward process: load ``name``, then score each batch received until the driver closes the pipe.
+    Replies ``("ok", outputs)`` or ``("error", class name, message)``."""
+    try:
+        fn = load_reward_function(name)
+    except Exception as e:
+        conn.send(("error", type(e).__name__, str(e)))
+        return
+    conn.send(("ok", describe(fn)))
+    while True:
+        try:
+            samples = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send(("ok", InProcessScorer(fn, policy).score(samples)))
+        except Exception as e:
+            conn.send(("error", type(e).__name__, str(e)))
+
+
+class RewardProcess:
+    """A user's reward function in a spawned process; a batch not scored within the timeout kills it.
+
+    The process is not a daemon, so the function may start processes of its own (a pool, a sandbox); it is killed
+    by :meth:`close`, when this object is collected, and exits when the driver's end of the pipe closes.
+    """
+
+    def __init__(self, name: str, policy: RewardPolicy) -> None:
+        self.name = name
+        self.policy = policy
+        context = multiprocessing.get_context("spawn")  # no fork of a driver that runs Ray's threads
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=serve, args=(name, policy, child), name="kuberl-reward", daemon=False)
+        self.process.start()
+        child.close()
+        self.finalizer = weakref.finalize(self, self.process.kill)
+        status, *reply = self.receive("load", max(LOAD_SECONDS, policy.timeout_seconds))
+        if status == "error":
+            self.close()
+            raise RewardFunctionLoadError(reply[-1])
+        self.description: str = reply[0]
+
+    def receive(self, doing: str, timeout: float) -> tuple[Any, ...]:
+        if not self.conn.poll(timeout):
+            self.close()
+            raise RewardTimeoutError(
+                f"reward function {self.name!r} did not {doing} within {timeout:g} s (reward.timeoutSeconds = "
+                f"{self.policy.timeout_seconds:g}); its process was killed: a hung function, a deadlock or a call "
+                "stuck in C. Raise reward.timeoutSeconds if the function is only slow"
+            )
+        try:
+            reply: tuple[Any, ...] = self.conn.recv()
+        except EOFError:
+            self.process.join(timeout=5)
+            code = self.process.exitcode
+            self.close()
+            raise RewardFunctionError(
+                f"reward function {self.name!r}: its process exited with code {code} while trying to {doing} "
+                "(a crash in native code, os._exit, or the OOM killer)"
+            ) from None
+        return reply
+
+    def score(self, samples: list[RewardInput]) -> list[RewardOutput]:
+        if not self.process.is_alive():
+            raise RewardFunctionError(f"reward function {self.name!r}: its process is gone (killed earlier)")
+        self.conn.send(samples)
+        status, *reply = self.receive(f"score a batch of {len(samples)} samples", self.policy.timeout_seconds)
+        if status == "error":
+            kind, message = reply
+            raise RAISED_IN_PROCESS.get(kind, RewardFunctionError)(message)
+        outputs: list[RewardOutput] = reply[0]
+        return outputs
+
+    def close(self) -> None:
+        self.conn.close()
+        self.finalizer()
+        self.process.join(timeout=5)
+
+
+RewardScorer = InProcessScorer | RewardProcess
+
+
+def make_scorer(name: str, policy: RewardPolicy) -> RewardScorer:
+    """Builtins in the driver, anything else in a :class:`RewardProcess`."""
+    if name in BUILTINS:
+        return InProcessScorer(BUILTINS[name], policy)
+    return RewardProcess(name, policy)
 
 
 class RewardModelScorer:
@@ -282,6 +475,8 @@ class RewardModelScorer:
                 f"reward model {path!r}: micro_batch_size ({micro_batch_size}) and max_length "
                 f"({max_length}) must be ≥ 1"
             )
+        from kuberl.trainer.models import load_sequence_classifier, load_tokenizer
+
         self.model = load_sequence_classifier(path, dtype)
         module: torch.nn.Module = self.model  # nn.Module.to's signature: transformers' override is untyped
         module.to(device).eval()

@@ -41,7 +41,7 @@ from kuberl.trainer.metrics import Timer
 from kuberl.trainer.microbatch import Rows, concat, shard_mini_batches, shard_rows, slice_rows
 from kuberl.trainer.plan import ExecutionPlan
 from kuberl.trainer.reporting import Reporting, write
-from kuberl.trainer.rewards import RewardInput, load_reward_function, score_batch
+from kuberl.trainer.rewards import SCORE_DTYPE, RewardInput, RewardPolicy, check_finite, make_scorer
 from kuberl.trainer.step_metrics import data_metrics, perf_metrics, reduce_update_metrics
 
 if TYPE_CHECKING:
@@ -128,7 +128,8 @@ class Trainer:
             f"{self.total_steps} steps, {len(self.loader)} per epoch; {len(dataset)} prompts "
             f"({dataset.num_filtered} overlong filtered), {len(self.val_prompts)} validation prompts"
         )
-        self.reward_fn = None if spec.reward.model else load_reward_function(spec.reward.function)
+        policy = RewardPolicy(spec.reward.timeout_seconds, spec.reward.on_error, spec.reward.max_error_fraction)
+        self.reward_fn = None if spec.reward.model else make_scorer(spec.reward.function, policy)
         self.rm_tokenizer = load_tokenizer(spec.reward.model.path) if spec.reward.model else None
         self.cluster.start(
             total_steps=self.total_steps,
@@ -412,12 +413,22 @@ class Trainer:
         ]
         per_rank = shard_mini_batches(wanted, mini_batch_rows=mini_rows, dp=self.dp)
         results = group.each("update", [(mbs, totals) for mbs in per_rank])
-        return reduce_update_metrics(results, role)
+        metrics = reduce_update_metrics(results, role)
+        if metrics[f"{role}/skipped_steps"]:
+            self.reporting.warn(
+                "NonFiniteStepsSkipped",
+                f"step {self.global_step + 1}: {metrics[f'{role}/skipped_steps']:.0f} {role} optimizer step(s) "
+                "skipped for a non-finite gradient norm",
+            )
+        return metrics
 
     def score(self, samples: list[Prompt], rows: Rows) -> tuple[Tensor, dict[str, Tensor]]:
         """One score per response, and the reward function's extra numbers per response (NaN where missing)."""
+        sources = [s.data_source for s in samples]
         if self.agent is not None and self.agent.agent.environment is not None:
-            return self.agent.environment_scores(), {}
+            scores = self.agent.environment_scores().to(SCORE_DTYPE)
+            check_finite(scores, sources, f"rollout.agent.environment {self.agent.agent.environment.class_path}")
+            return scores, {}
         texts = (
             self.agent.texts()
             if self.agent is not None
@@ -427,7 +438,7 @@ class Trainer:
             )
         )
         if self.reward_model is not None:
-            assert self.rm_tokenizer is not None, "set with the reward model"
+            assert self.rm_tokenizer is not None and self.spec.reward.model is not None, "set with the reward model"
             full = [
                 self.rm_tokenizer.apply_chat_template(
                     [*s.raw_prompt, {"role": "assistant", "content": t}], tokenize=False
@@ -436,7 +447,9 @@ class Trainer:
             ]
             chunks = [list(c) for c in np.array_split(np.array(full, dtype=object), self.dp)]
             results = self.reward_model.each("score", [(c,) for c in chunks])
-            return torch.tensor([x for r in results for x in r], dtype=torch.float32), {}
+            scores = torch.tensor([x for r in results for x in r], dtype=SCORE_DTYPE)
+            check_finite(scores, sources, f"reward.model {self.spec.reward.model.path}")
+            return scores, {}
         inputs = [
             RewardInput(
                 s.data_source,
@@ -447,10 +460,10 @@ class Trainer:
             for i, (s, t) in enumerate(zip(samples, texts, strict=True))
         ]
         assert self.reward_fn is not None, "set unless a reward model scores"
-        outputs = score_batch(self.reward_fn, inputs)
+        outputs = self.reward_fn.score(inputs)
         keys = sorted({k for o in outputs for k in o.extra})
         return (
-            torch.tensor([o.score for o in outputs], dtype=torch.float32),
+            torch.tensor([o.score for o in outputs], dtype=SCORE_DTYPE),
             {k: torch.tensor([o.extra.get(k, float("nan")) for o in outputs], dtype=torch.float32) for k in keys},
         )
 
@@ -479,6 +492,9 @@ class Trainer:
     def shutdown(self) -> None:
         if hasattr(self, "reporting"):
             self.reporting.close()
+        reward_fn = getattr(self, "reward_fn", None)  # None before setup got to it, or with a reward model
+        if reward_fn is not None:
+            reward_fn.close()
         self.cluster.shutdown(pod_stopping=self.stop_code == EXIT_STOPPED)
 
 

@@ -108,6 +108,7 @@ def reduce_update_metrics(results: list[dict[str, float]], role: str) -> dict[st
     updates = max(1.0, results[0]["updates"])
     tokens = max(1.0, total["tokens"])
     out = {f"{role}/grad_norm": results[0]["grad_norm"], f"{role}/lr": results[0]["lr"]}
+    out[f"{role}/skipped_steps"] = results[0].get("skipped_steps", 0.0)  # the same on every rank
     if role == "actor":
         out["actor/pg_loss"] = total["pg_loss"] / updates
         for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):

@@ -19,6 +19,7 @@ it shares the trainer's GPUs, but it does not take turns: it keeps its memory sh
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -65,6 +66,10 @@ LossFn = Callable[[Rows, dict[str, float]], MicroLoss]
 """``(micro-batch on the device, mini-batch totals) -> MicroLoss``: what differs between the actor and the critic."""
 
 
+class NonFiniteStepsError(RuntimeError):
+    """``trainer.maxConsecutiveSkippedSteps`` optimizer steps in a row had a non-finite gradient norm."""
+
+
 class DistributedWorker:
     """A rank of a worker group: process-group setup, threads, seeding, and the micro-batch loops."""
 
@@ -74,6 +79,8 @@ class DistributedWorker:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     last_outputs: dict[str, Tensor]
     """See :meth:`update_outputs`."""
+    skipped_in_a_row = 0
+    """Optimizer steps skipped for a non-finite gradient norm since the last one taken."""
 
     def __init__(self, spec_json: str, rank: int, world_size: int, threads: int, plan: ExecutionPlan) -> None:
         logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {self.role}[{rank}] %(levelname)s %(message)s")
@@ -189,6 +196,7 @@ class DistributedWorker:
         return {
             **sums,
             "updates": float(len(grad_norms)),
+            "skipped_steps": float(sum(not math.isfinite(n) for n in grad_norms)),
             "grad_norm": sum(grad_norms) / max(1, len(grad_norms)),
             "lr": self.optimizer.param_groups[0]["lr"],
         }
@@ -204,13 +212,28 @@ class DistributedWorker:
         return fsdp.optimizer_state_on(self.optimizer, self.device, offload)
 
     def optimizer_step(self, grad_clip: float) -> float:
+        """Step unless the gradient norm (the same on every rank) is not finite; fail after
+        ``trainer.maxConsecutiveSkippedSteps`` skips in a row: a run that only skips is not training."""
         norm = fsdp.clip_grad_norm(self.model, grad_clip)
-        if torch.isfinite(torch.tensor(norm)):
-            self.optimizer.step()
-        else:
-            log.warning("non-finite gradient norm %s: optimizer step skipped", norm)
+        self.optimizer_skip_or_step(norm)
         self.optimizer.zero_grad(set_to_none=True)
         return norm
+
+    def optimizer_skip_or_step(self, norm: float) -> None:
+        if math.isfinite(norm):
+            self.optimizer.step()
+            self.skipped_in_a_row = 0
+            return
+        self.skipped_in_a_row += 1
+        limit = self.spec.trainer.max_consecutive_skipped_steps
+        log.warning("non-finite gradient norm %s: optimizer step skipped (%d in a row)", norm, self.skipped_in_a_row)
+        if self.skipped_in_a_row >= limit:
+            raise NonFiniteStepsError(
+                f"{self.role}: {self.skipped_in_a_row} optimizer steps in a row had a non-finite gradient norm "
+                f"({norm}) and were skipped (trainer.maxConsecutiveSkippedSteps = {limit}); the loss or the "
+                "gradients diverged: check the rewards and advantages, lower the learning rate, or train in a wider "
+                "dtype"
+            )
 
     # --- checkpoints ---
 
