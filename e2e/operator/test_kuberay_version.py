@@ -40,7 +40,7 @@ def rayjob_crd_without(tools: Tools, field: tuple[str, ...], out: Path) -> Path:
             node = spec["rayClusterSpec"]
             for key in parents:
                 node = node["properties"][key] if key != "items" else node["items"]
-            node["properties"].pop(leaf)
+            node["properties"].pop(leaf, None)
     out.write_text(json.dumps(crd))
     return out
 
