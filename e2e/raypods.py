@@ -6,9 +6,9 @@
 
 - A head pod is a real `ray start --head` (its own short temp dir), with the environment the RayCluster's head
   template declares and the Ray token variables KubeRay adds to the pod (values, Secret and ConfigMap keys resolved
-  as a kubelet would) plus `pod_env`; its ConfigMap
-  volumes are written under `pod_root/<rljob>/mounts/<volume>`. The pod is Ready once KubeRay's readiness probe
-  would pass (the dashboard agent's raylet check, the dashboard's GCS check).
+  as a kubelet would) plus `pod_env`; its ConfigMap volumes are written under `pod_root/<rljob>/mounts/<volume>`,
+  each claim is the folder `pod_root/claims/<claim>`. The pod is Ready once KubeRay's readiness probe would pass
+  (the dashboard agent's raylet check, the dashboard's GCS check).
 - A worker pod only runs: the head's CPUs hold the whole tiny job, as in `e2e/kuberay_runner.py`.
 - A submitter pod runs its container's command and args (KubeRay's `ray job status || ray job submit --no-wait;
   ray job logs --follow`) and ends with the command's exit code.
@@ -386,9 +386,19 @@ class LocalRayPods:
         return resolved
 
     def _write_volumes(self, pod_spec: dict[str, Any], container: dict[str, Any], workdir: Path) -> dict[str, Path]:
-        """ConfigMap volumes written into the job's folder; returns mount path → local folder."""
+        """The pod's volumes as local folders; returns mount path → local folder. A claim is a folder of its own
+        under `pod_root/claims/<claim>` (it outlives the pod, as a volume does, and no two claims share one); a
+        ConfigMap is written into the job's folder, its files naming the claims' mount paths by their folders (the
+        spec's resolved checkpointDir), since no mount namespace puts a claim at its mount path here."""
         volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
         mounts: dict[str, Path] = {}
+        for mount in container.get("volumeMounts") or []:
+            claim = volumes.get(mount["name"], {}).get("persistentVolumeClaim")
+            if claim:
+                local = self.pod_root / "claims" / claim["claimName"]
+                local.mkdir(parents=True, exist_ok=True)
+                mounts[mount["mountPath"]] = local
+        claims = sorted(mounts.items(), key=lambda item: -len(item[0]))  # the longest mount path first
         for mount in container.get("volumeMounts") or []:
             source = volumes.get(mount["name"], {}).get("configMap")
             if not source:
@@ -396,6 +406,8 @@ class LocalRayPods:
             local = workdir / "mounts" / mount["name"]
             local.mkdir(parents=True, exist_ok=True)
             for key, value in (self.core.read_namespaced_config_map(source["name"], self.namespace).data or {}).items():
+                for mount_path, folder in claims:
+                    value = value.replace(mount_path, str(folder))
                 (local / key).write_text(value)
             mounts[mount["mountPath"]] = local
         return mounts
