@@ -2,7 +2,7 @@
 
 Everything KubeRay does is its own: RayCluster, its Ray token Secret (the RayJob's `authOptions`), head Service,
 submitter Job (K8sJobMode, as the operator renders it), status polling through the Ray dashboard's job API with that
-token (any 401 fails the test), retries on a new cluster, suspension. The stand-in kubelet
+token (any 401 or 403 fails the test), retries on a new cluster, suspension. The stand-in kubelet
 (`e2e/kubelet.py`) runs the Ray pods' containers on this machine (`e2e/raypods.py`): each head pod is a real local
 Ray head, each submitter pod runs KubeRay's `ray job submit` command, which starts the real trainer entrypoint.
 Faults are real: the trainer process is killed with SIGKILL. Each job is the tiny CPU example cut to a few steps.
