@@ -5,9 +5,10 @@
         ...   # a RayJob's submitter really submits its entrypoint; KubeRay really polls the Ray job
 
 - A head pod is a real `ray start --head` (its own short temp dir), with the environment the RayCluster's head
-  template declares (values, Secret and ConfigMap keys resolved as a kubelet would) plus `pod_env`; its ConfigMap
-  volumes are written under `pod_root/<rljob>/mounts/<volume>`. The pod is Ready once KubeRay's readiness probe
-  would pass (the dashboard agent's raylet check, the dashboard's GCS check).
+  template declares and the Ray token variables KubeRay adds to the pod (values, Secret and ConfigMap keys resolved
+  as a kubelet would) plus `pod_env`; its ConfigMap volumes are written under `pod_root/<rljob>/mounts/<volume>`,
+  each claim is the folder `pod_root/claims/<claim>`. The pod is Ready once KubeRay's readiness probe would pass
+  (the dashboard agent's raylet check, the dashboard's GCS check).
 - A worker pod only runs: the head's CPUs hold the whole tiny job, as in `e2e/kuberay_runner.py`.
 - A submitter pod runs its container's command and args (KubeRay's `ray job status || ray job submit --no-wait;
   ray job logs --follow`) and ends with the command's exit code.
@@ -46,6 +47,7 @@ from urllib.parse import urlsplit
 from kubernetes import client
 
 from e2e.harness import free_port
+from kuberl.api.contract import RAY_AUTH_ENV
 
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
 RLJOB_LABEL = "kuberl.io/rljob"
@@ -117,7 +119,7 @@ class _Proxy(ThreadingHTTPServer):
         self.resolve = resolve
         """`resolve(host) -> Head | None`: whose dashboard a request for `host` reaches."""
         self.unauthorized: list[str] = []
-        """Requests the dashboard answered 401 (e.g. a client without the cluster's Ray token)."""
+        """Requests the dashboard refused: 401 (no Ray token) or 403 (another cluster's token)."""
 
     @property
     def address(self) -> str:
@@ -168,8 +170,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             return
         finally:
             upstream.close()
-        if response.status == 401:
-            self.server.unauthorized.append(f"{self.command} {path}: 401 {payload[:120].decode(errors='replace')}")
+        if response.status in (401, 403):
+            refusal = payload[:120].decode(errors="replace")
+            self.server.unauthorized.append(f"{self.command} {path}: {response.status} {refusal}")
         self.send_response(response.status, response.reason)
         for name, value in response.getheaders():
             if name.lower() not in HOP_HEADERS | {"content-length"}:
@@ -238,7 +241,7 @@ class LocalRayPods:
         return {"HTTP_PROXY": url, "http_proxy": url, "NO_PROXY": loopback, "no_proxy": loopback}
 
     def unauthorized(self) -> list[str]:
-        """Calls of KubeRay's dashboard client (through `proxy_env()`) that the Ray dashboard refused with 401."""
+        """Calls of KubeRay's dashboard client (through `proxy_env()`) that the Ray dashboard refused (401, 403)."""
         return list(self.proxy.unauthorized)
 
     def stop(self) -> None:
@@ -301,7 +304,8 @@ class LocalRayPods:
             container = pod["spec"]["containers"][0]
             head.workdir.mkdir(parents=True, exist_ok=True)
             head.mounts = self._write_volumes(pod["spec"], container, head.workdir)
-            env = {**os.environ, **self._template_env(head.cluster), **self.pod_env, **RAY_ENV}
+            env = {**os.environ, **self._template_env(head.cluster), **self._auth_env(container), **self.pod_env}
+            env |= RAY_ENV
             env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
             head.dashboard_port, agent_port = free_port(), free_port()
             # Ray's socket paths must fit in 107 bytes: a short folder of its own, not one under pytest's tmp_path.
@@ -359,6 +363,11 @@ class LocalRayPods:
         container = raycluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
         return self._resolve_env(container.get("env") or [])
 
+    def _auth_env(self, container: dict[str, Any]) -> dict[str, str]:
+        """The Ray token variables KubeRay adds to the head pod's container (authOptions; not in the template),
+        the token resolved from KubeRay's Secret."""
+        return self._resolve_env([e for e in container.get("env") or [] if e["name"] in RAY_AUTH_ENV])
+
     def _resolve_env(self, env: list[dict[str, Any]]) -> dict[str, str]:
         resolved: dict[str, str] = {}
         for var in env:
@@ -377,9 +386,19 @@ class LocalRayPods:
         return resolved
 
     def _write_volumes(self, pod_spec: dict[str, Any], container: dict[str, Any], workdir: Path) -> dict[str, Path]:
-        """ConfigMap volumes written into the job's folder; returns mount path → local folder."""
+        """The pod's volumes as local folders; returns mount path → local folder. A claim is a folder of its own
+        under `pod_root/claims/<claim>` (it outlives the pod, as a volume does, and no two claims share one); a
+        ConfigMap is written into the job's folder, its files naming the claims' mount paths by their folders (the
+        spec's resolved checkpointDir), since no mount namespace puts a claim at its mount path here."""
         volumes = {v["name"]: v for v in pod_spec.get("volumes") or []}
         mounts: dict[str, Path] = {}
+        for mount in container.get("volumeMounts") or []:
+            claim = volumes.get(mount["name"], {}).get("persistentVolumeClaim")
+            if claim:
+                local = self.pod_root / "claims" / claim["claimName"]
+                local.mkdir(parents=True, exist_ok=True)
+                mounts[mount["mountPath"]] = local
+        claims = sorted(mounts.items(), key=lambda item: -len(item[0]))  # the longest mount path first
         for mount in container.get("volumeMounts") or []:
             source = volumes.get(mount["name"], {}).get("configMap")
             if not source:
@@ -387,6 +406,8 @@ class LocalRayPods:
             local = workdir / "mounts" / mount["name"]
             local.mkdir(parents=True, exist_ok=True)
             for key, value in (self.core.read_namespaced_config_map(source["name"], self.namespace).data or {}).items():
+                for mount_path, folder in claims:
+                    value = value.replace(mount_path, str(folder))
                 (local / key).write_text(value)
             mounts[mount["mountPath"]] = local
         return mounts

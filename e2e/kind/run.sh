@@ -256,7 +256,7 @@ ray_probe() {
 # another namespace cannot reach it even holding the token (NetworkPolicy), a pod the policy admits cannot use it
 # without the token (Ray's token authentication), and with both the same probe gets in (so the refusals are real).
 check_isolation() {
-  local head="" url="" token out rc deadline=$((SECONDS + 300))
+  local head="" url="" cluster token out rc deadline=$((SECONDS + 300))
   log "waiting for the Ray head of $JOB and its dashboard URL in the RLJob's status"
   until [[ -n $head && -n $url ]]; do
     ((SECONDS < deadline)) || die "no Ray head pod or status.dashboardURL of $JOB after 300 s"
@@ -265,8 +265,10 @@ check_isolation() {
     url=$(jp rljob "$JOB" '{.status.dashboardURL}')
   done
   k -n "$TEST_NS" wait --for=condition=Ready "$head" --timeout=300s
-  token=$(k -n "$TEST_NS" get secret "$JOB-ray-token" -o jsonpath='{.data.auth_token}' | base64 -d)
-  [[ -n $token ]] || die "the token Secret $JOB-ray-token holds no auth_token"
+  # KubeRay's token Secret (the RayJob's authOptions) is named after the Ray cluster
+  cluster=$(jp rayjob "$JOB" '{.status.rayClusterName}')
+  token=$(k -n "$TEST_NS" get secret "$cluster" -o jsonpath='{.data.auth_token}' | base64 -d)
+  [[ -n $token ]] || die "KubeRay's token Secret $cluster of $JOB holds no auth_token"
   k create namespace "$OUTSIDER_NS" --dry-run=client -o yaml | k apply -f -
   until k -n "$OUTSIDER_NS" get serviceaccount default >/dev/null 2>&1; do
     ((SECONDS < deadline)) || die "namespace $OUTSIDER_NS got no default ServiceAccount"

@@ -24,7 +24,6 @@ from kuberl.api.contract import (
     RAY_AUTH_MODE_TOKEN,
     RLJOB_LABEL,
     TOKEN_SECRET_KEY,
-    token_secret_name,
 )
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.validation import validate_document
@@ -195,8 +194,9 @@ def test_isolation_is_checked_while_the_job_runs_with_the_operator_s_names() -> 
     text = (KIND_DIR / "run.sh").read_text()
     body = text[text.index("check_isolation() {") :]
     body = body[: body.index("\n}\n")]
-    # the names the operator renders (a rename in the code must show up here)
-    assert f'"$JOB{token_secret_name("")}"' in body and f"{{.data.{TOKEN_SECRET_KEY}}}" in body
+    # the names the operator renders and KubeRay's token Secret (named after the Ray cluster) and key
+    assert """get secret "$cluster" """ in body and f"{{.data.{TOKEN_SECRET_KEY}}}" in body
+    assert """cluster=$(jp rayjob "$JOB" '{.status.rayClusterName}')""" in body
     assert f'"{RLJOB_LABEL}=$JOB"' in body
     probe = text[text.index("ray_probe() {") :]
     assert f"--env={ENV_RAY_AUTH_MODE}={RAY_AUTH_MODE_TOKEN} --env={ENV_RAY_AUTH_TOKEN}=" in probe

@@ -27,6 +27,7 @@ QUALIFIED_NAME = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+SEMVER = re.compile(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:[-+][0-9A-Za-z.+-]*)?")  # Masterminds semver, lenient
 SUBMISSION_MODES = ("K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode")
 
 
@@ -145,6 +146,13 @@ def kuberay_checks(rayjob: dict[str, Any]) -> list[str]:
 
 def _cluster_checks(cluster: dict[str, Any]) -> list[str]:
     errors = _group_checks("Head", cluster.get("headGroupSpec") or {})
+    auth = cluster.get("authOptions") or {}
+    if auth.get("mode", "token" if auth else None) == "token":
+        version = SEMVER.fullmatch(cluster.get("rayVersion") or "")
+        if version is None:
+            errors.append("authOptions.mode is 'token' but rayVersion is not a version; Ray >= 2.52.0 is required")
+        elif tuple(int(part or 0) for part in version.groups()) < (2, 52, 0):
+            errors.append(f"authOptions.mode is 'token' but minimum Ray version is 2.52.0, got {cluster['rayVersion']}")
     autoscaling = bool(cluster.get("enableInTreeAutoscaling"))
     names = set()
     for worker in cluster.get("workerGroupSpecs") or []:

@@ -1,7 +1,8 @@
 """The RLJob contract on KubeRay's real controller: success, retry with resume, suspend and resume.
 
-Everything KubeRay does is its own: RayCluster, head Service, submitter Job (K8sJobMode, as the operator renders
-it), status polling through the Ray dashboard's job API, retries on a new cluster, suspension. The stand-in kubelet
+Everything KubeRay does is its own: RayCluster, its Ray token Secret (the RayJob's `authOptions`), head Service,
+submitter Job (K8sJobMode, as the operator renders it), status polling through the Ray dashboard's job API with that
+token (any 401 or 403 fails the test), retries on a new cluster, suspension. The stand-in kubelet
 (`e2e/kubelet.py`) runs the Ray pods' containers on this machine (`e2e/raypods.py`): each head pod is a real local
 Ray head, each submitter pod runs KubeRay's `ray job submit` command, which starts the real trainer entrypoint.
 Faults are real: the trainer process is killed with SIGKILL. Each job is the tiny CPU example cut to a few steps.
@@ -9,10 +10,13 @@ Faults are real: the trainer process is killed with SIGKILL. Each job is the tin
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
 import signal
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,19 +33,14 @@ from e2e.operator.conftest import add_trainer_service_account
 from e2e.operator.process import OperatorProcess
 from e2e.operator.test_operator import Kube, wait_until
 from e2e.raypods import LocalRayPods
+from kuberl.api.contract import RAY_AUTH_MODE_TOKEN, RLJOB_LABEL, TOKEN_SECRET_KEY
 
 pytestmark = pytest.mark.slow
 
-# KubeRay v1.5.0's dashboard client (controllers/ray/utils/dashboardclient) sends no Ray token, and the operator
-# turns Ray's token authentication on in every cluster (issue 15): each `GET /api/jobs/<id>` of KubeRay's status
-# poll is refused with 401, so the RayJob never leaves Running. The submitter, which has the token, does submit.
-# Until the operator and KubeRay agree on authentication, the first test runs and must fail at that 401 (strict: it
-# fails loudly once fixed, so that these markers go); the other two fail at the same point and do not run.
-TOKEN_GAP = "KubeRay v1.5's dashboard client sends no Ray token: its job status poll gets 401"
-
 
 class KubeRayRefused(AssertionError):
-    """The Ray dashboard refused a call of KubeRay's controller (401): the token gap, and nothing else."""
+    """The Ray dashboard refused a call of KubeRay's controller (401, 403): KubeRay and the Ray cluster disagree on
+    the token. With `authOptions` KubeRay both gives the cluster its token and sends it: there must be none."""
 
 
 EXAMPLE = REPO_ROOT / "examples" / "tiny-cpu.yaml"
@@ -145,20 +144,47 @@ def stack(cluster: Cluster, operator: OperatorProcess, namespace: str, tmp_path:
         print(kuberay.log_tail(200))
 
 
-@pytest.mark.xfail(strict=True, raises=KubeRayRefused, reason=TOKEN_GAP)
+def dashboard_status(port: int, token: str | None) -> int:
+    """HTTP status of the Ray dashboard's job list on the head itself (not through the Service proxy)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/jobs/")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def check_kuberay_token(stack: RealStack, name: str) -> None:
+    """While the job runs: KubeRay made the token Secret of the Ray cluster (named after it, owned by it; the
+    operator makes none), and the head's dashboard refuses a caller without that token or with another one."""
+    head = wait_until("the Ray head up", lambda: stack.pods.head_of(name), timeout=RUN_TIMEOUT, interval=0.5)
+    secret = stack.k.core.read_namespaced_secret(head.cluster, stack.k.ns)
+    (owner,) = secret.metadata.owner_references
+    assert (owner.kind, owner.name) == ("RayCluster", head.cluster)
+    token = base64.b64decode(secret.data[TOKEN_SECRET_KEY]).decode()
+    rljob_secrets = stack.k.core.list_namespaced_secret(stack.k.ns, label_selector=f"{RLJOB_LABEL}={name}").items
+    assert not rljob_secrets, "the operator creates no Secret of its own"
+    assert dashboard_status(head.dashboard_port, None) == 401
+    assert dashboard_status(head.dashboard_port, "x" * len(token)) == 403
+    assert dashboard_status(head.dashboard_port, token) == 200
+
+
 def test_apply_runs_the_trainer_to_succeeded_with_its_progress(stack: RealStack) -> None:
     name, total = "contract-ok", 4
     stack.apply(name, totalSteps=total, saveFreq=total)
+    check_kuberay_token(stack, name)
     status = stack.wait_phase(name, "Succeeded")
     progress = status["progress"]
     assert progress["step"] == progress["totalSteps"] == total
     assert progress["rewardMean"] is not None and progress["lastCheckpoint"]
     rayjob = stack.k.rayjob(name)
     assert rayjob["spec"]["submissionMode"] == "K8sJobMode" and rayjob["status"]["jobStatus"] == "SUCCEEDED"
+    assert rayjob["spec"]["rayClusterSpec"]["authOptions"] == {"mode": RAY_AUTH_MODE_TOKEN}
     assert rayjob["status"]["jobDeploymentStatus"] == "Complete"
 
 
-@pytest.mark.xfail(run=False, reason=TOKEN_GAP)
 def test_a_killed_trainer_is_retried_on_a_new_cluster_and_resumes_from_its_checkpoint(stack: RealStack) -> None:
     name, total = "contract-retry", 12
     workdir = stack.apply(name, {"backoffLimit": 1}, totalSteps=total, saveFreq=1, maxCheckpoints=2)
@@ -180,7 +206,6 @@ def test_a_killed_trainer_is_retried_on_a_new_cluster_and_resumes_from_its_check
     assert steps == list(range(1, total + 1)), f"each step trained once, in order, across both attempts: {steps}"
 
 
-@pytest.mark.xfail(run=False, reason=TOKEN_GAP)
 def test_suspend_deletes_the_ray_cluster_and_resume_continues_from_the_checkpoint(stack: RealStack) -> None:
     name, total = "contract-suspend", 12
     workdir = stack.apply(name, totalSteps=total, saveFreq=1, maxCheckpoints=2)

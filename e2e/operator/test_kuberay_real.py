@@ -198,7 +198,7 @@ def test_deleting_the_rljob_collects_rayjob_raycluster_submitter_pods_and_config
         "its pod, completed",
         lambda: [p for p in k.core.list_namespaced_pod(k.ns).items if p.status.phase == "Succeeded"],
     )
-    assert k.rayjob("gone")["metadata"].get("finalizers"), "KubeRay v1.5 finalizes RayJobs"
+    assert k.rayjob("gone")["metadata"].get("finalizers"), "KubeRay finalizes RayJobs"
     k.custom.delete_namespaced_custom_object(GROUP, VERSION, k.ns, PLURAL, "gone")
 
     def configmap_gone() -> bool:

@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from e2e.fixtures import require_tools
@@ -21,20 +22,34 @@ def test_the_harness_kuberay_passes_on_the_published_schema(cluster: Cluster) ->
     assert kuberay_support.check(cluster.api_client()) is None
 
 
-def rayjob_crd_without_worker_group_labels(tools: Tools, out: Path) -> Path:
-    """KubeRay v1.5's RayJob CRD minus `workerGroupSpecs[].labels`: the schema KubeRay 1.4 installs."""
+# What an older KubeRay's RayJob CRD lacks, cut from the harness's own: the field path inside spec.rayClusterSpec
+# and the words of the refusal.
+OLD_SCHEMAS = {
+    "1.4 (no worker-group labels)": (("workerGroupSpecs", "items", "labels"), "workerGroupSpecs[].labels"),
+    "1.5.0 (no authOptions)": (("authOptions",), "rayClusterSpec.authOptions"),
+}
+
+
+def rayjob_crd_without(tools: Tools, field: tuple[str, ...], out: Path) -> Path:
+    """The harness KubeRay's RayJob CRD minus `spec.rayClusterSpec.<field>`: the schema an older KubeRay installs."""
     crd = yaml.load((tools.kuberay_crd_dir() / "ray.io_rayjobs.yaml").read_text(), Loader=_Loader)
+    *parents, leaf = field
     for version in crd["spec"]["versions"]:
         spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
         if "rayClusterSpec" in spec:
-            spec["rayClusterSpec"]["properties"]["workerGroupSpecs"]["items"]["properties"].pop("labels", None)
+            node = spec["rayClusterSpec"]
+            for key in parents:
+                node = node["properties"][key] if key != "items" else node["items"]
+            node["properties"].pop(leaf, None)
     out.write_text(json.dumps(crd))
     return out
 
 
-def test_the_operator_refuses_a_kuberay_that_drops_worker_group_labels(kube_tools: Tools, tmp_path: Path) -> None:
+@pytest.mark.parametrize("old", list(OLD_SCHEMAS))
+def test_the_operator_refuses_an_older_kuberay(kube_tools: Tools, tmp_path: Path, old: str) -> None:
     require_tools(kube_tools, ["etcd", "kube-apiserver", "kube-controller-manager", "kubectl"])
-    old_crd = rayjob_crd_without_worker_group_labels(kube_tools, tmp_path / "ray.io_rayjobs.json")
+    field, words = OLD_SCHEMAS[old]
+    old_crd = rayjob_crd_without(kube_tools, field, tmp_path / "ray.io_rayjobs.json")
     with Cluster(tools=kube_tools, kuberay_crds=False, controller_manager=False, extra_crds=(old_crd,)) as c:
         assert not c.crd_errors, c.crd_errors
         c.kubectl("create", "namespace", "team-a")
@@ -52,7 +67,7 @@ def test_the_operator_refuses_a_kuberay_that_drops_worker_group_labels(kube_tool
                 assert time.monotonic() < deadline, f"no KubeRaySupported condition: {status}"
                 time.sleep(0.2)
             assert refused[0]["status"] == "False" and refused[0]["reason"] == "KubeRayUnsupported"
-            assert "workerGroupSpecs[].labels" in refused[0]["message"]
+            assert words in refused[0]["message"]
             assert status["phase"] == "Pending"
             assert c.kubectl("get", "rayjobs", "-n", "team-a", "-o", "name").stdout == ""
             events = c.kubectl("get", "events", "-n", "team-a", "--field-selector=reason=KubeRayUnsupported").stdout

@@ -14,7 +14,7 @@ import pytest
 from e2e.fixtures import missing_tool
 from e2e.harness import Cluster, kuberay_crd_files
 
-KUBERAY_CRDS = ("rayjobs.ray.io", "rayclusters.ray.io", "rayservices.ray.io")
+KUBERAY_CRDS = ("rayjobs.ray.io", "rayclusters.ray.io", "rayservices.ray.io", "raycronjobs.ray.io")
 
 
 def rayjob(name: str = "sample") -> dict:
@@ -34,6 +34,7 @@ def rayjob(name: str = "sample") -> dict:
             "backoffLimit": 1,
             "rayClusterSpec": {
                 "rayVersion": "2.60.0",
+                "authOptions": {"mode": "token"},
                 "headGroupSpec": {"rayStartParams": {}, "template": {"spec": copy.deepcopy(pod)}},
                 "workerGroupSpecs": [
                     {
@@ -59,9 +60,9 @@ def _kuberay_crds_present(cluster: Cluster):
 
 
 def test_every_crd_of_the_kuberay_module_is_installed(cluster: Cluster):
-    """All of KubeRay's CRDs, not just the two kuberl writes: KubeRay's controller watches RayServices too."""
+    """All of KubeRay's CRDs, not just the two kuberl writes: KubeRay's controller watches the others too."""
     names = {f.name for f in kuberay_crd_files()}
-    assert names == {"ray.io_rayclusters.yaml", "ray.io_rayjobs.yaml", "ray.io_rayservices.yaml"}
+    assert names == {f"ray.io_{crd.split('.')[0]}.yaml" for crd in KUBERAY_CRDS}
 
 
 def test_the_rayjob_crd_keeps_worker_group_labels(cluster: Cluster):
@@ -70,6 +71,17 @@ def test_the_rayjob_crd_keeps_worker_group_labels(cluster: Cluster):
     (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     cluster_spec = v1["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["rayClusterSpec"]
     assert "labels" in cluster_spec["properties"]["workerGroupSpecs"]["items"]["properties"]
+
+
+def test_the_rayjob_keeps_its_token_auth_mode(cluster: Cluster, namespace: str):
+    """KubeRay >= 1.5.1: `rayClusterSpec.authOptions` is in the schema, so the token mode is stored, not pruned."""
+    cluster.create(rayjob("auth"), namespace=namespace, validate="strict")
+    stored = cluster.get("rayjob", "auth", namespace)
+    assert stored["spec"]["rayClusterSpec"]["authOptions"] == {"mode": "token"}
+    doc = rayjob("typo")
+    doc["spec"]["rayClusterSpec"]["authOptions"]["mode"] = "tokens"
+    result = cluster.apply(doc, namespace=namespace, dry_run="server", check=False)
+    assert result.returncode != 0 and "spec.rayClusterSpec.authOptions.mode" in result.stderr
 
 
 @pytest.mark.parametrize("crd", KUBERAY_CRDS)

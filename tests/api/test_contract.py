@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kuberl.api import contract, load_rljob
+from kuberl.api.spec import EnvVar
 from kuberl.api.status import Progress, RLJobStatus
 from kuberl.operator.rayjob import NCCL_ENV, render_rayjob
 from kuberl.operator.status import next_status, status_patch
@@ -52,25 +53,24 @@ def test_the_pods_set_no_kuberl_variable_outside_the_contract() -> None:
         assert set(env_of(group)) - ours <= CONTRACT_ENV, pool
 
 
-def test_the_head_pod_sets_every_contract_variable_and_the_workers_none() -> None:
+def test_the_head_pod_sets_every_contract_variable_but_kuberays_and_the_workers_none() -> None:
     groups = pods(rendered())
     assert set(groups) == {contract.HEAD_POOL, contract.TRAINER_POOL, contract.ROLLOUT_POOL}
-    assert set(env_of(groups.pop(contract.HEAD_POOL))) >= CONTRACT_ENV
+    assert CONTRACT_ENV & set(env_of(groups.pop(contract.HEAD_POOL))) == CONTRACT_ENV - set(contract.RAY_AUTH_ENV)
     for pool, group in groups.items():
-        assert CONTRACT_ENV & set(env_of(group)) == set(contract.RAY_AUTH_ENV), pool
+        assert not CONTRACT_ENV & set(env_of(group)), pool
 
 
-def test_every_pod_authenticates_to_ray_with_the_rljobs_token_secret() -> None:
-    rayjob = rendered()
+def test_the_ray_cluster_requires_kuberays_token_and_no_pod_can_turn_it_off() -> None:
+    """KubeRay sets RAY_AUTH_MODE and RAY_AUTH_TOKEN only where a container has none: a user's own are dropped."""
+    name, spec = load_rljob(ROOT / "examples" / "separate-rollout.yaml")
+    spec.cluster.env.extend(EnvVar(name=var, value="disabled") for var in contract.RAY_AUTH_ENV)
+    rayjob = render_rayjob(name, "team-a", UID, spec)
+    assert rayjob["spec"]["rayClusterSpec"]["authOptions"] == {"mode": contract.RAY_AUTH_MODE_TOKEN}
     templates = [g["template"] for g in pods(rayjob).values()] + [rayjob["spec"]["submitterPodTemplate"]]
     for template in templates:
-        (container,) = template["spec"]["containers"]
-        env = {e["name"]: e for e in container["env"]}
-        assert env[contract.ENV_RAY_AUTH_MODE]["value"] == contract.RAY_AUTH_MODE_TOKEN
-        assert env[contract.ENV_RAY_AUTH_TOKEN]["valueFrom"]["secretKeyRef"] == {
-            "name": contract.token_secret_name("separate-rollout"),
-            "key": contract.TOKEN_SECRET_KEY,
-        }
+        for container in template["spec"]["containers"]:
+            assert not {e["name"] for e in container.get("env") or []} & set(contract.RAY_AUTH_ENV)
 
 
 @pytest.mark.parametrize("constant", sorted(n for n in vars(contract) if n.startswith("ENV_")))

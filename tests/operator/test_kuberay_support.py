@@ -41,8 +41,18 @@ def test_a_rayjob_crd_without_worker_group_labels_is_refused_with_what_to_do() -
     del worker_group(schema)["properties"]["labels"]  # what KubeRay 1.4's CRD looks like
     problem = schema_problem(openapi(schema))
     assert problem is not None
-    assert "workerGroupSpecs[].labels" in problem and "KubeRay >= 1.5" in problem
-    assert "helm install kuberay-operator kuberay/kuberay-operator --version 1.5.0" in problem
+    assert "workerGroupSpecs[].labels" in problem and "KubeRay >= 1.5.1" in problem
+    assert "helm install kuberay-operator kuberay/kuberay-operator --version 1.6.2" in problem
+
+
+def test_a_rayjob_crd_without_auth_options_is_refused_with_what_to_do() -> None:
+    schema = copy.deepcopy(_rayjob_schema())
+    cluster = schema["properties"]["spec"]["properties"]["rayClusterSpec"]
+    del cluster["properties"]["authOptions"]  # what KubeRay 1.5.0's CRD looks like
+    problem = schema_problem(openapi(schema))
+    assert problem is not None
+    assert "rayClusterSpec.authOptions" in problem and "accept any caller" in problem
+    assert "KubeRay >= 1.5.1" in problem and "--version 1.6.2" in problem
 
 
 def test_missing_kuberay_is_refused() -> None:

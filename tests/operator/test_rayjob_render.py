@@ -478,3 +478,22 @@ def test_checkpoints_on_an_empty_dir_are_refused() -> None:
     }
     with pytest.raises(RenderError, match="emptyDir volume scratch"):
         render_rayjob("j", "ns", UID, spec_of(doc))
+
+
+@pytest.mark.parametrize("version", ["2.52.0", "2.60.0", "v3.0", "2.52.0-rc1"])
+def test_the_ray_cluster_requires_a_token_and_kuberay_accepts_the_version(version: str) -> None:
+    rayjob = render_rayjob("job", "team-a", UID, spec_of(base_spec(rayVersion=version)))
+    assert rayjob["spec"]["rayClusterSpec"]["authOptions"] == {"mode": "token"}
+    assert kuberay_checks(rayjob) == []
+
+
+@pytest.mark.parametrize("version", ["2.51.1", "2.9.3", "nightly", ""])
+def test_a_ray_version_without_token_authentication_is_refused_naming_the_field(version: str) -> None:
+    with pytest.raises(RenderError, match=r"cluster\.rayVersion .*needs Ray >= 2\.52\.0"):
+        render_rayjob("job", "team-a", UID, spec_of(base_spec(rayVersion=version)))
+
+
+def test_kuberay_checks_refuse_token_mode_on_an_old_ray_as_kuberay_does() -> None:
+    rayjob = render_rayjob("job", "team-a", UID, spec_of(base_spec()))
+    rayjob["spec"]["rayClusterSpec"]["rayVersion"] = "2.51.0"
+    assert kuberay_checks(rayjob) == ["authOptions.mode is 'token' but minimum Ray version is 2.52.0, got 2.51.0"]

@@ -94,14 +94,6 @@ class FakeApi:
         self.calls.append("patch configmap")
         self.objects[("configmap", name)]["data"] = body["data"]
 
-    def create_secret(self, namespace: str, body: dict[str, Any]):
-        self.calls.append("create secret")
-        return self._create("secret", body)
-
-    def get_secret_metadata(self, namespace: str, name: str):
-        found = self._get("secret", name)
-        return None if found is None else {"metadata": found["metadata"]}
-
     def create_networkpolicy(self, namespace: str, body: dict[str, Any]):
         self.calls.append("create networkpolicy")
         return self._create("networkpolicy", body)
@@ -147,7 +139,6 @@ def test_ensure_twice_creates_one_of_each_and_writes_status_once() -> None:
         ("networkpolicy", "job-ray"),
         ("rayjob", "job"),
         ("rljob", "job"),
-        ("secret", "job-ray-token"),
     ]
     assert api.calls.count("patch status") == 1
     status = api.objects[("rljob", "job")]["status"]
@@ -158,23 +149,22 @@ def test_ensure_twice_creates_one_of_each_and_writes_status_once() -> None:
     assert api.objects[("rayjob", "job")]["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
 
 
-def test_the_token_secret_is_drawn_once_and_every_child_is_owned_by_the_rljob() -> None:
+def test_every_child_is_owned_by_the_rljob_and_the_ray_token_is_left_to_kuberay() -> None:
     api = FakeApi()
     body = rljob(api)
     reconcile.ensure(api, body)
-    token = api.objects[("secret", "job-ray-token")]["stringData"]["auth_token"]
-    assert len(token) >= 32
-    reconcile.ensure(api, api.objects[("rljob", "job")])
-    assert api.objects[("secret", "job-ray-token")]["stringData"]["auth_token"] == token
-    for key in (("secret", "job-ray-token"), ("networkpolicy", "job-ray"), ("configmap", "job-spec")):
+    for key in (("networkpolicy", "job-ray"), ("configmap", "job-spec"), ("rayjob", "job")):
         (owner,) = api.objects[key]["metadata"]["ownerReferences"]
         assert owner["uid"] == body["metadata"]["uid"] and owner["controller"] is True, key
+    assert not [kind for kind, _ in api.objects if kind == "secret"], "KubeRay creates the token Secret"
+    cluster = api.objects[("rayjob", "job")]["spec"]["rayClusterSpec"]
+    assert cluster["authOptions"] == {"mode": "token"}
 
 
-def test_a_foreign_token_secret_of_the_same_name_is_refused() -> None:
+def test_a_foreign_networkpolicy_of_the_same_name_is_refused() -> None:
     api = FakeApi()
-    api._create("secret", {"metadata": {"name": "job-ray-token"}, "stringData": {"auth_token": "known"}})
-    with pytest.raises(kopf.PermanentError, match="Secret job-ray-token already exists and is not owned"):
+    api._create("networkpolicy", {"metadata": {"name": "job-ray"}, "spec": {"podSelector": {}}})
+    with pytest.raises(kopf.PermanentError, match="NetworkPolicy job-ray already exists and is not owned"):
         reconcile.ensure(api, rljob(api))
     assert ("rayjob", "job") not in api.objects
 

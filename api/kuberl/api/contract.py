@@ -59,20 +59,16 @@ ENV_RLJOB_NAMESPACE = "KUBERL_RLJOB_NAMESPACE"  # the RLJob's namespace: the def
 ENV_RLJOB_UID = "KUBERL_RLJOB_UID"  # the RLJob's uid: recorded in checkpoints (another job's are not resumed) and
 # the involvedObject of the Events the trainer posts
 
-# --- Ray token authentication (Ray >= 2.52) -------------------------------------------------------------------------
+# --- Ray token authentication (Ray >= 2.52, KubeRay >= 1.5.1) ------------------------------------------------------
+# The rendered RayJob asks KubeRay for it (`rayClusterSpec.authOptions.mode: token`). KubeRay then creates a Secret
+# per Ray cluster (named like the RayCluster, `status.rayClusterName` of the RayJob; owned by it), sets both
+# variables in every Ray container and the submitter, and sends the token on its own dashboard calls.
 
-ENV_RAY_AUTH_MODE = (
-    "RAY_AUTH_MODE"  # "token" in every Ray container and the submitter: Ray refuses unauthenticated calls
-)
-ENV_RAY_AUTH_TOKEN = "RAY_AUTH_TOKEN"  # the token, from the RLJob's Secret; ray.init and `ray job submit` read it
-RAY_AUTH_MODE_TOKEN = "token"
-TOKEN_SECRET_KEY = "auth_token"  # key of the token in the Secret (KubeRay's own auth Secret uses the same key)
-RAY_AUTH_ENV = (ENV_RAY_AUTH_MODE, ENV_RAY_AUTH_TOKEN)  # set in every Ray container (the others: the head's only)
-
-
-def token_secret_name(name: str) -> str:
-    """The Secret holding RLJob `name`'s Ray token; the operator creates it and owns it."""
-    return f"{name}-ray-token"
+RAY_AUTH_MODE_TOKEN = "token"  # authOptions.mode of the rendered RayJob, and the value KubeRay gives ENV_RAY_AUTH_MODE
+ENV_RAY_AUTH_MODE = "RAY_AUTH_MODE"  # "token": Ray refuses unauthenticated calls
+ENV_RAY_AUTH_TOKEN = "RAY_AUTH_TOKEN"  # the token, from KubeRay's Secret; ray.init and `ray job submit` read it
+RAY_AUTH_ENV = (ENV_RAY_AUTH_MODE, ENV_RAY_AUTH_TOKEN)  # KubeRay's to set: the operator drops them from cluster.env
+TOKEN_SECRET_KEY = "auth_token"  # key of the token in KubeRay's Secret
 
 
 # --- the entrypoint ------------------------------------------------------------------------------------------------

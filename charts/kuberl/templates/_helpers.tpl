@@ -117,10 +117,6 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "patch"]
-# the Ray token Secret <name>-ray-token: created with a random token; get reads its owner reference (no list/watch)
-- apiGroups: [""]
-  resources: ["secrets"]
-  verbs: ["get", "create"]
 # the NetworkPolicy <name>-ray around the job's Ray pods
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]

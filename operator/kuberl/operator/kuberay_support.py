@@ -1,7 +1,9 @@
-"""Is the installed KubeRay one kuberl supports (>= 1.5)? Checked on the RayJob schema the apiserver publishes.
+"""Is the installed KubeRay one kuberl supports (>= 1.5.1)? Checked on the RayJob schema the apiserver publishes.
 
 KubeRay 1.4's RayJob CRD has no `workerGroupSpecs[].labels`: the apiserver prunes the pool label the operator
-writes there, and the run fails much later on a cluster without its pools. The operator therefore reads the
+writes there, and the run fails much later on a cluster without its pools. KubeRay 1.5.0's has no
+`rayClusterSpec.authOptions`: the apiserver would prune the token mode and the Ray cluster would accept any caller
+(and a 1.5.0 controller cannot send a token to a cluster that requires one). The operator therefore reads the
 RayJob schema from OpenAPI v3 discovery (`/openapi/v3/apis/ray.io/v1`, readable by every authenticated user, so no
 extra RBAC), and refuses to reconcile while the field is missing: a `KubeRaySupported=False` condition on each
 RLJob it would have handled, and `kuberl_operator_kuberay_supported 0`.
@@ -23,11 +25,11 @@ from kuberl.operator import metrics
 from kuberl.operator.reconcile import Api, write_status
 from kuberl.operator.status import Event, get_condition, set_condition, sort_conditions
 
-SUPPORTED = "KubeRay >= 1.5"
+SUPPORTED = "KubeRay >= 1.5.1"
 OPENAPI_PATH = "/openapi/v3/apis/ray.io/v1"
 RAYJOB_SCHEMA = "io.ray.v1.RayJob"
 INSTALL_HINT = (
-    "install or upgrade KubeRay first: helm install kuberay-operator kuberay/kuberay-operator --version 1.5.0 "
+    "install or upgrade KubeRay first: helm install kuberay-operator kuberay/kuberay-operator --version 1.6.2 "
     "(https://ray-project.github.io/kuberay-helm/)"
 )
 UNSUPPORTED_REASON = "KubeRayUnsupported"
@@ -54,6 +56,13 @@ def schema_problem(openapi: dict[str, Any] | None) -> str | None:
         return (
             "the installed RayJob CRD has no spec.rayClusterSpec.workerGroupSpecs[].labels, so the apiserver would "
             f"drop the node-pool label kuberl writes there (KubeRay < 1.5); kuberl needs {SUPPORTED}: {INSTALL_HINT}"
+        )
+    auth = _child(rayjob, "spec", "rayClusterSpec", "authOptions")
+    if auth is None or _child(auth, "mode") is None:
+        return (
+            "the installed RayJob CRD has no spec.rayClusterSpec.authOptions.mode, so the apiserver would drop the "
+            f"Ray token kuberl requires and the Ray cluster would accept any caller (KubeRay < 1.5.1); kuberl needs "
+            f"{SUPPORTED}: {INSTALL_HINT}"
         )
     return None
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import re
 from typing import Any
 
 from kuberl.api.contract import (
     API_VERSION,
     CHECKPOINT_MOUNT,
-    ENV_RAY_AUTH_MODE,
-    ENV_RAY_AUTH_TOKEN,
     ENV_REPORT_STATUS,
     ENV_RLJOB_NAMESPACE,
     ENV_RLJOB_UID,
@@ -24,6 +23,7 @@ from kuberl.api.contract import (
     KIND,
     POOL_LABEL,
     QUEUE_LABEL,
+    RAY_AUTH_ENV,
     RAY_AUTH_MODE_TOKEN,
     RAYJOB_API_VERSION,
     RAYJOB_KIND,
@@ -32,10 +32,8 @@ from kuberl.api.contract import (
     SPEC_DIR,
     SPEC_FILE,
     SPEC_HASH_ANNOTATION,
-    TOKEN_SECRET_KEY,
     TRAINER_POOL,
     entrypoint,
-    token_secret_name,
 )
 from kuberl.api.spec import HeadNode, NodePool, PodSettings, PoolPodSettings, RLJobSpec, Toleration
 from kuberl.api.validation import spec_to_wire
@@ -52,6 +50,10 @@ RESERVED_MOUNT_PATHS = tuple(RESERVED_MOUNT_PURPOSE)
 # Ports KubeRay would add by default (constant.go), declared so that Services and PodMonitors can name them.
 HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001), ("metrics", 8080))
 WORKER_PORTS = (("metrics", 8080),)
+
+# Ray's token authentication exists from Ray 2.52; KubeRay parses rayVersion as a semantic version and refuses older.
+TOKEN_AUTH_MIN_RAY = (2, 52, 0)
+SEMVER = re.compile(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:[-+][0-9A-Za-z.+-]*)?")
 
 # Environment of every Ray pod that makes NCCL jobs fail fast and loud rather than hang:
 NCCL_ENV: tuple[tuple[str, str], ...] = (
@@ -167,11 +169,13 @@ def render_configmap(name: str, namespace: str, uid: str, spec: RLJobSpec) -> di
 def render_rayjob(name: str, namespace: str, uid: str, spec: RLJobSpec, trust: Policy | None = None) -> dict[str, Any]:
     """The RayJob that runs the trainer for RLJob `namespace/name` (uid: the RLJob's, for the owner reference).
 
-    Every pod template (head, workers, submitter) passes Pod Security `restricted` and authenticates to Ray with
-    the RLJob's token Secret (`secure_pod`); `trust` is the chart's security settings.
+    Every pod template (head, workers, submitter) passes Pod Security `restricted` (`secure_pod`); the Ray cluster
+    requires a token (KubeRay's `authOptions`, which gives every Ray container and the submitter the token of a
+    Secret it creates per Ray cluster); `trust` is the chart's security settings.
     """
     trust = trust or Policy()
     _check_reserved(spec)
+    _check_ray_version(spec.cluster.ray_version)
     cluster = spec.cluster
     policy = spec.run_policy
     labels = common_labels(name, "rayjob")
@@ -190,6 +194,7 @@ def render_rayjob(name: str, namespace: str, uid: str, spec: RLJobSpec, trust: P
         "suspend": policy.suspend,
         "rayClusterSpec": {
             "rayVersion": cluster.ray_version,
+            "authOptions": {"mode": RAY_AUTH_MODE_TOKEN},
             "headGroupSpec": _head_group(name, namespace, uid, spec),
             "workerGroupSpecs": workers,
         },
@@ -200,7 +205,7 @@ def render_rayjob(name: str, namespace: str, uid: str, spec: RLJobSpec, trust: P
         rayjob_spec["managedBy"] = cluster.managed_by
     rayjob_spec["submitterPodTemplate"] = _submitter(name, spec)
     for template in pod_templates(rayjob_spec):
-        secure_pod(template["spec"], name, spec, trust)
+        secure_pod(template["spec"], spec, trust)
     return {
         "apiVersion": RAYJOB_API_VERSION,
         "kind": RAYJOB_KIND,
@@ -233,6 +238,17 @@ def _check_reserved(spec: RLJobSpec) -> None:
                 f"cluster.volumeMounts: {mount.name} is mounted at {mount.mount_path}, where the operator mounts "
                 f"{RESERVED_MOUNT_PURPOSE[path]}; choose another mountPath"
             )
+
+
+def _check_ray_version(ray_version: str) -> None:
+    """KubeRay refuses a token-mode cluster (ValidationFailed) whose rayVersion is not a version >= 2.52.0."""
+    match = SEMVER.fullmatch(ray_version)
+    if match is None or tuple(int(part or 0) for part in match.groups()) < TOKEN_AUTH_MIN_RAY:
+        minimum = ".".join(map(str, TOKEN_AUTH_MIN_RAY))
+        raise RenderError(
+            f"cluster.rayVersion {ray_version!r}: the Ray cluster requires a token (KubeRay's authOptions), which "
+            f"needs Ray >= {minimum}; set the version of Ray in cluster.image"
+        )
 
 
 def _check_checkpoint_volume(spec: RLJobSpec) -> None:
@@ -431,7 +447,7 @@ def _worker_group(group: str, pool: NodePool, name: str, spec: RLJobSpec) -> dic
     }
 
 
-# --- security: restricted pods, Ray token, NetworkPolicy, token Secret ----------------
+# --- security: restricted pods, Ray token variables, NetworkPolicy -----------------
 
 
 def pod_templates(rayjob_spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -443,12 +459,12 @@ def pod_templates(rayjob_spec: dict[str, Any]) -> list[dict[str, Any]]:
     return templates
 
 
-def secure_pod(pod: dict[str, Any], name: str, spec: RLJobSpec, trust: Policy) -> None:
-    """Make `pod` pass Pod Security `restricted` and authenticate to Ray with the RLJob's token (in place).
+def secure_pod(pod: dict[str, Any], spec: RLJobSpec, trust: Policy) -> None:
+    """Make `pod` pass Pod Security `restricted` and leave its Ray token variables to KubeRay (in place).
 
     The trainer account runs the pods unless the spec names an allowed one (the operator checks `trust` before
-    rendering). fsGroup makes a checkpoint claim writable by the image's user. The token variables come last and
-    replace any of the user's own: cluster.env cannot switch authentication off.
+    rendering). fsGroup makes a checkpoint claim writable by the image's user. KubeRay sets the token variables only
+    where a container has none, so the user's own are dropped: cluster.env cannot switch authentication off.
     """
     pod["serviceAccountName"] = spec.cluster.service_account_name or trust.trainer_service_account
     context: dict[str, Any] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
@@ -459,13 +475,6 @@ def secure_pod(pod: dict[str, Any], name: str, spec: RLJobSpec, trust: Policy) -
         context["fsGroup"] = trust.fs_group
         context["fsGroupChangePolicy"] = "OnRootMismatch"  # a large checkpoint claim is not re-chowned per start
     pod["securityContext"] = context
-    auth = [
-        {"name": ENV_RAY_AUTH_MODE, "value": RAY_AUTH_MODE_TOKEN},
-        {
-            "name": ENV_RAY_AUTH_TOKEN,
-            "valueFrom": {"secretKeyRef": {"name": token_secret_name(name), "key": TOKEN_SECRET_KEY}},
-        },
-    ]
     for container in pod["containers"]:
         container["securityContext"] = {
             "allowPrivilegeEscalation": False,
@@ -473,13 +482,13 @@ def secure_pod(pod: dict[str, Any], name: str, spec: RLJobSpec, trust: Policy) -
             "runAsNonRoot": True,
             "seccompProfile": {"type": "RuntimeDefault"},
         }
-        env = [e for e in container.get("env") or [] if e["name"] not in (ENV_RAY_AUTH_MODE, ENV_RAY_AUTH_TOKEN)]
-        container["env"] = env + auth
+        if "env" in container:
+            container["env"] = [e for e in container["env"] if e["name"] not in RAY_AUTH_ENV]
 
 
 def _submitter(name: str, spec: RLJobSpec) -> dict[str, Any]:
     """KubeRay's submitter pod (`ray job submit` against the head's dashboard), rendered so that it is restricted
-    and carries the token; KubeRay fills in the command when the container has none."""
+    (KubeRay fills in the command when the container has none, and the token variables)."""
     return {
         "metadata": {"labels": common_labels(name, "ray-submitter")},
         "spec": {
@@ -496,22 +505,6 @@ def _submitter(name: str, spec: RLJobSpec) -> dict[str, Any]:
                 }
             ],
         },
-    }
-
-
-def render_token_secret(name: str, namespace: str, uid: str, token: str) -> dict[str, Any]:
-    """The Secret `<name>-ray-token` with the Ray cluster's token; `token` is drawn once, when it is created."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "Opaque",
-        "metadata": {
-            "name": token_secret_name(name),
-            "namespace": namespace,
-            "labels": common_labels(name, "ray-token"),
-            "ownerReferences": [owner_reference(name, uid)],
-        },
-        "stringData": {TOKEN_SECRET_KEY: token},
     }
 
 

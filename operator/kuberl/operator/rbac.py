@@ -20,8 +20,6 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "create", "patch"]},
     # the spec ConfigMap `<name>-spec`
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
-    # the Ray token Secret `<name>-ray-token`: created once with a random token; get reads only its owner reference
-    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
     # the NetworkPolicy `<name>-ray` that admits only the job's pods, KubeRay and the monitoring namespace
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "create"]},
     # the checkpoint claim `<name>-checkpoints` of storage.claim

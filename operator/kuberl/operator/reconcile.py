@@ -14,7 +14,6 @@ Everything here reads the current state from the apiserver and writes what the p
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar, cast
 
@@ -46,7 +45,6 @@ from kuberl.operator.rayjob import (
     render_configmap,
     render_networkpolicy,
     render_rayjob,
-    render_token_secret,
 )
 from kuberl.operator.status import (
     Event,
@@ -77,15 +75,7 @@ class Api:
         self.networking = client.NetworkingV1Api(self.client)
         self.trust = trust or Policy()
 
-    # the token Secret and the NetworkPolicy (created once, never updated: the token is not rotated under a job)
-    def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._plain(self.core.create_namespaced_secret(namespace, cast(client.V1Secret, body)))
-
-    def get_secret_metadata(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The Secret without its data: the operator only checks who owns it."""
-        found = _none_on_404(lambda: self._plain(self.core.read_namespaced_secret(name, namespace)))
-        return None if found is None else {"metadata": found["metadata"]}
-
+    # the NetworkPolicy (created once, never updated)
     def create_networkpolicy(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._plain(
             self.networking.create_namespaced_network_policy(namespace, cast(client.V1NetworkPolicy, body))
@@ -243,7 +233,7 @@ def ensure_owned(
     read: Callable[[], dict[str, Any] | None],
     uid: str,
 ) -> None:
-    """Create a child that is never updated (token Secret, NetworkPolicy); on 409 accept it only if it is ours."""
+    """Create a child that is never updated (the NetworkPolicy); on 409 accept it only if it is ours."""
     try:
         create()
         return
@@ -256,21 +246,13 @@ def ensure_owned(
     _adopt_or_refuse(kind, existing, uid)
 
 
-def ensure_security_children(api: Api, name: str, networkpolicy: dict[str, Any], uid: str) -> None:
-    """RLJob `name`'s Ray token Secret (a fresh random token when created) and its NetworkPolicy."""
+def ensure_networkpolicy(api: Api, networkpolicy: dict[str, Any], uid: str) -> None:
+    """RLJob's NetworkPolicy, created once (the Ray token Secret is KubeRay's, one per Ray cluster)."""
     meta = networkpolicy["metadata"]
-    namespace = meta["namespace"]
-    secret = render_token_secret(name, namespace, uid, secrets.token_urlsafe(32))
-    ensure_owned(
-        "Secret",
-        lambda: api.create_secret(namespace, secret),
-        lambda: api.get_secret_metadata(namespace, secret["metadata"]["name"]),
-        uid,
-    )
     ensure_owned(
         "NetworkPolicy",
-        lambda: api.create_networkpolicy(namespace, networkpolicy),
-        lambda: api.get_networkpolicy(namespace, meta["name"]),
+        lambda: api.create_networkpolicy(meta["namespace"], networkpolicy),
+        lambda: api.get_networkpolicy(meta["namespace"], meta["name"]),
         uid,
     )
 
@@ -500,7 +482,7 @@ def ensure(api: Api, body: kopf.Body | dict[str, Any], logger: kopf.Logger = log
         api, body, mark_invalid_update if live else refuse, refuse
     )
     try:
-        ensure_security_children(api, name, networkpolicy, uid)
+        ensure_networkpolicy(api, networkpolicy, uid)
         ensure_claim(api, claim)
         ensure_configmap(api, configmap, uid)
         existing, created = ensure_rayjob(api, rayjob, uid)

@@ -68,10 +68,12 @@ class Cluster:
         if ray.is_initialized():
             return
         if self.address:
-            # the RLJob's Ray cluster requires its token (RAY_AUTH_MODE=token); ray.init reads RAY_AUTH_TOKEN itself
+            # the RLJob's Ray cluster requires its token (KubeRay's authOptions set both variables from the Secret
+            # it creates per Ray cluster); ray.init reads RAY_AUTH_TOKEN itself
             if os.environ.get(ENV_RAY_AUTH_MODE) == "token" and not os.environ.get(ENV_RAY_AUTH_TOKEN):
                 raise SystemExit(
-                    f"{ENV_RAY_AUTH_MODE}=token but {ENV_RAY_AUTH_TOKEN} is empty: the token Secret is missing"
+                    f"{ENV_RAY_AUTH_MODE}=token but {ENV_RAY_AUTH_TOKEN} is empty: KubeRay's token Secret of this "
+                    "Ray cluster is missing or has no auth_token"
                 )
             ray.init(address=self.address, log_to_driver=True)
         else:
