@@ -39,9 +39,7 @@ def plan_batches(spec: RLJobSpec) -> BatchPlan:
     """Assumes `spec` passed validation (divisibility holds)."""
     batch = spec.batch
     dp = spec.cluster.trainer.nodes * spec.cluster.trainer.gpus_per_node
-    pool = (
-        spec.cluster.rollout if spec.rollout.placement == "separate" and spec.cluster.rollout else spec.cluster.trainer
-    )
+    pool = spec.rollout_pool or spec.cluster.trainer
     rollout_gpus = pool.nodes * pool.gpus_per_node
     mini_batches = batch.train_batch_size // batch.ppo_mini_batch_size
     rows_per_mini = batch.ppo_mini_batch_size * batch.rollout_n // dp

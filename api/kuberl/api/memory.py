@@ -274,7 +274,7 @@ def plan_memory(spec: RLJobSpec, shape: ModelShape, gpu: GPU, rollout_gpu: GPU |
     kv_cache = max(0.0, vllm_total - vllm_weights - vllm_activations)
     kv_per_token = 2 * shape.layers * shape.kv_heads * shape.dim * dtype_bytes / tp
     kv_tokens = int(kv_cache * GIB // kv_per_token)
-    colocated = spec.rollout.placement == "colocated"
+    colocated = spec.rollout_pool is None
     resident = sum(r.resident for r in roles)
     generate_phase = (resident if colocated else 0.0) + vllm_total
     peak = max(train_phase, generate_phase) if colocated else train_phase
@@ -340,7 +340,7 @@ def _advice(spec: RLJobSpec, plan: MemoryPlan, shape: ModelShape, seq: int) -> l
             advice.append(f"batch.ppoMicroBatchSizePerGPU: {plan.largest_micro_batch} fits")
         elif not spec.batch.dynamic_batch_size.enabled:
             advice.append("no micro-batch fits: offload, or add trainer GPUs (cluster.trainer.nodes)")
-    if plan.placement == "colocated" and plan.generate_phase_gib > usable:
+    if spec.rollout_pool is None and plan.generate_phase_gib > usable:
         resident = plan.generate_phase_gib - spec.rollout.gpu_memory_utilization * plan.gpu_gib
         room = (usable - resident) / plan.gpu_gib
         advice.append(

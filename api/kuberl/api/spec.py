@@ -757,3 +757,13 @@ class RLJobSpec(SpecModel):
     )
     cluster: Cluster = Field(default_factory=Cluster, description="Pods, GPUs and node pools.")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Suspend, retries and deadlines.")
+
+    @property
+    def rollout_pool(self) -> NodePool | None:
+        """The node pool of separate vLLM engines, or None when the rollout is colocated with the trainer: the one
+        reading of ``rollout.placement`` (admission guarantees ``cluster.rollout`` is set exactly when separate)."""
+        if self.rollout.placement != "separate":
+            return None
+        if self.cluster.rollout is None:
+            raise ValueError("rollout.placement is separate but cluster.rollout is not set")
+        return self.cluster.rollout

@@ -182,10 +182,12 @@ def render_rayjob(name: str, namespace: str, uid: str, spec: RLJobSpec, trust: P
     if cluster.queue_name:
         labels[QUEUE_LABEL] = cluster.queue_name
     workers = [_worker_group(TRAINER_POOL, cluster.trainer, name, spec)]
-    if spec.rollout.placement == "separate":
-        if cluster.rollout is None:  # the API's placement rule refuses this; keep the error readable anyway
-            raise RenderError("rollout.placement is separate but cluster.rollout is not set")
-        workers.append(_worker_group(ROLLOUT_POOL, cluster.rollout, name, spec))
+    try:
+        rollout_pool = spec.rollout_pool
+    except ValueError as exc:  # the API's placement rule refuses this; keep the error readable anyway
+        raise RenderError(str(exc)) from None
+    if rollout_pool is not None:
+        workers.append(_worker_group(ROLLOUT_POOL, rollout_pool, name, spec))
     rayjob_spec: dict[str, Any] = {
         "entrypoint": entrypoint(name, namespace),
         "shutdownAfterJobFinishes": True,

@@ -58,16 +58,14 @@ class RolloutLayout:
 
 
 def plan_rollout_layout(spec: RLJobSpec, *, cluster_gpus: float, rollout_pool_labelled: bool) -> RolloutLayout:
-    """The rollout's layout; the only place that reads ``rollout.placement``. ``cluster_gpus``: the Ray cluster's
+    """The rollout's layout, from ``RLJobSpec.rollout_pool`` (placement). ``cluster_gpus``: the Ray cluster's
     ``GPU`` resource in all; ``rollout_pool_labelled``: some node carries the rollout pool's label
     (:func:`rollout_pool_labelled`)."""
     batch = plan_batches(spec)
     tp = spec.rollout.tensor_parallel_size
     rollout_gpus, trainer_gpus, engines = batch.rollout_gpus, batch.trainer_gpus, batch.rollout_engines
-    if spec.rollout.placement == "colocated":
+    if spec.rollout_pool is None:
         return RolloutLayout("colocated", engines, tp, None)
-    if spec.cluster.rollout is None:
-        raise ValueError("rollout.placement separate needs cluster.rollout (validation enforces it)")
     if rollout_pool_labelled:
         return RolloutLayout("pools", engines, tp, "nccl")
     if cluster_gpus >= trainer_gpus + rollout_gpus:
