@@ -175,7 +175,9 @@ def stall_status(
     now = now or datetime.now(UTC)
     reported = _parse((old.get("progress") or {}).get("updatedAt"))
     started = _parse((get_condition(old, ConditionType.RUNNING) or {}).get("lastTransitionTime"))
-    marks = [t for t in (reported, started, _parse(old.get("startTime"))) if t is not None]
+    marks = [t for t in (reported, started) if t is not None] or [
+        t for t in (_parse(old.get("startTime")),) if t is not None
+    ]
     if not marks:
         return old, []
     since = max(marks)
