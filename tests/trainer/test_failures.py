@@ -87,13 +87,3 @@ def test_a_truncated_data_file_exits_permanent_before_ray_starts(tmp_path: Path)
     assert proc.returncode == EXIT_PERMANENT, proc.stderr[-3000:]
     assert f"error: DataError: {truncated}" in proc.stderr
     assert "ray.init" not in proc.stderr and "Started a local Ray instance" not in proc.stderr
-
-
-def test_an_invalid_spec_file_exits_permanent(tmp_path: Path) -> None:
-    spec = _spec(tmp_path / "train.parquet", tmp_path)
-    spec["batch"]["trainBatchSize"] = 3  # below ppoMiniBatchSize 4: the rules refuse it
-    spec_file = tmp_path / "spec.json"
-    spec_file.write_text(json.dumps(spec))
-    from kuberl.trainer.run import main
-
-    assert main(["--spec-file", str(spec_file), "--name", "bad-spec"]) == EXIT_PERMANENT
