@@ -388,6 +388,13 @@ INVALID_CASES: list[InvalidCase] = [
         _set("spec.storage", {}),
         "set storage.claim",
     ),
+    _case(
+        "stall-deadline-before-timeout",
+        "spec.runPolicy.stallDeadlineSeconds",
+        "stall-deadline-after-timeout",
+        _set("spec.runPolicy", {"stallTimeoutSeconds": 600, "stallDeadlineSeconds": 300}),
+        "stallDeadlineSeconds = 300 is shorter than runPolicy.stallTimeoutSeconds = 600",
+    ),
     # ranges, enums, types and unknown fields (schema)
     _case(
         "gpu-memory-utilization-zero",

@@ -104,7 +104,7 @@ OPERATOR = {
     *{("kuberl.io", "rljobs", v) for v in ("get", "list", "watch", "patch")},
     *{("kuberl.io", "rljobs/status", v) for v in ("get", "patch")},
     ("kuberl.io", "rljobs/finalizers", "update"),
-    *{("ray.io", "rayjobs", v) for v in ("get", "list", "watch", "create", "patch")},
+    *{("ray.io", "rayjobs", v) for v in ("get", "list", "watch", "create", "patch", "delete")},
     *{("", "configmaps", v) for v in ("get", "create", "patch")},
     *{("", "persistentvolumeclaims", v) for v in ("get", "create")},
     *{("", "events", v) for v in ("create", "get", "list", "watch")},

@@ -154,3 +154,85 @@ def test_no_progress_check_outside_running_or_when_disabled() -> None:
     started(api, "b", rayjob_status=RUNNING)
     forge(api, "b", progress={"updatedAt": at(10_000)})
     assert resync(api, events, "b", timeout=0) is False and events == []
+
+
+# --- failures the operator ends (issue 14) -------------------------------------------------------------------------
+
+
+def report_failure(api: FakeApi, kind: str, name: str = "job") -> None:
+    """What the trainer's StatusReporter.report_failure writes."""
+    failure = {"kind": kind, "error": "DataError", "message": "row 3: no prompt", "at": "2026-01-01T00:00:00Z"}
+    forge(api, name, progress={"step": 2, "failure": failure})
+
+
+def test_a_permanent_failure_ends_the_job_deletes_the_rayjob_and_stays_ended() -> None:
+    api, events = FakeApi(), Events()
+    started(api, rayjob_status=RUNNING)
+    report_failure(api, "Permanent")
+    assert resync(api, events) is True
+    status = stored(api)["status"]
+    assert status["phase"] == "Failed" and status.get("restarts", 0) == 0
+    failed = condition(status, "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "PermanentFailure")
+    assert "DataError: row 3: no prompt" in failed["message"]
+    assert ("rayjob", "job") not in api.objects
+    assert [e.reason for _, e in events] == ["PermanentFailure"]
+    api.calls.clear()
+    assert resync(api, events) is False
+    assert "patch status" not in api.calls
+
+
+def test_a_transient_failure_leaves_the_retry_to_kuberay_and_names_the_error() -> None:
+    api, events = FakeApi(), Events()
+    started(api, rayjob_status=RUNNING)
+    report_failure(api, "Transient")
+    api.objects[("rayjob", "job")]["status"] = {"jobDeploymentStatus": "Retrying", "failed": 1}
+    assert resync(api, events) is True
+    status = stored(api)["status"]
+    assert status["phase"] == "Restarting" and status["restarts"] == 1
+    assert "transient failure: DataError: row 3: no prompt" in status["message"]
+    assert ("rayjob", "job") in api.objects
+
+
+def stalled(status: dict[str, Any], seconds: float, **policy: Any) -> tuple[dict[str, Any], list[Event]]:
+    """`stall_status` `seconds` after the trainer's last report."""
+    reported = datetime(2026, 1, 1, tzinfo=UTC)
+    old = {**status, "progress": {"step": 4, "updatedAt": reported.strftime("%Y-%m-%dT%H:%M:%SZ")}}
+    return ownership.stall_status(old, {"status": RUNNING}, policy, now=reported + timedelta(seconds=seconds))
+
+
+def running_status() -> dict[str, Any]:
+    api = FakeApi()
+    status = started(api, rayjob_status=RUNNING)["status"]
+    for cond in status["conditions"]:
+        cond["lastTransitionTime"] = "2025-12-31T00:00:00Z"  # long before the report: the report counts
+    return status
+
+
+def test_progress_older_than_the_stall_timeout_sets_stalled_once_with_a_warning() -> None:
+    status = running_status()
+    assert stalled(status, 1799) == ({**status, "progress": {"step": 4, "updatedAt": "2026-01-01T00:00:00Z"}}, [])
+    new, events = stalled(status, 1801)
+    cond = condition(new, "Stalled")
+    assert (cond["status"], cond["reason"]) == ("True", "NoProgress")
+    assert "step 4" in cond["message"] and "stallTimeoutSeconds = 1800" in cond["message"]
+    assert [(e.type, e.reason) for e in events] == [("Warning", "Stalled")]
+    again, events = stalled(new, 2500)
+    assert events == [] and condition(again, "Stalled") == cond
+    fresh, _ = stalled(new, 10)
+    assert condition(fresh, "Stalled")["status"] == "False"
+
+
+def test_the_stall_deadline_ends_the_job() -> None:
+    status = running_status()
+    new, events = stalled(status, 61, stallTimeoutSeconds=30, stallDeadlineSeconds=60)
+    assert new["phase"] == "Failed" and condition(new, "Failed")["reason"] == "StallDeadlineExceeded"
+    assert [e.reason for e in events] == ["StallDeadlineExceeded"]
+
+
+def test_a_job_that_is_not_running_is_not_stalled() -> None:
+    status = running_status()
+    new, _ = stalled(status, 1801)
+    paused = {**new, "phase": "Suspended"}
+    cleared, events = ownership.stall_status(paused, {"status": {"jobDeploymentStatus": "Suspended"}}, {})
+    assert condition(cleared, "Stalled")["status"] == "False" and events == []

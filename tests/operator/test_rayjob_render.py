@@ -10,7 +10,7 @@ import pytest
 from e2e.operator.kuberay_rules import kuberay_checks, rayjob_schema_errors
 from kuberl.api import load_rljob
 from kuberl.api.contract import CHECKPOINT_MOUNT
-from kuberl.api.spec import RLJobSpec
+from kuberl.api.spec import DEFAULT_RETRIES_ON_CLAIM, RLJobSpec
 from kuberl.operator.rayjob import (
     NCCL_ENV,
     RenderError,
@@ -124,7 +124,16 @@ def test_run_policy_maps_to_rayjob_fields() -> None:
 def test_active_deadline_is_omitted_unless_set() -> None:
     spec = render_rayjob("j", "ns", UID, spec_of(base_spec()))["spec"]
     assert "activeDeadlineSeconds" not in spec
-    assert spec["suspend"] is False and spec["backoffLimit"] == 0
+    assert spec["suspend"] is False
+
+
+def test_backoff_limit_defaults_to_retries_only_with_checkpoints_on_a_claim() -> None:
+    on_claim = render_rayjob("j", "ns", UID, spec_of(base_spec()))["spec"]
+    assert on_claim["backoffLimit"] == DEFAULT_RETRIES_ON_CLAIM > 0
+    off_claim = render_rayjob("j", "ns", UID, spec_of(base_spec() | {"storage": {}}))["spec"]
+    assert off_claim["backoffLimit"] == 0
+    explicit = render_rayjob("j", "ns", UID, spec_of(base_spec() | {"runPolicy": {"backoffLimit": 0}}))["spec"]
+    assert explicit["backoffLimit"] == 0
 
 
 def test_head_has_no_gpus_and_reports_status() -> None:

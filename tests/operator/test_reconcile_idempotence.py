@@ -82,6 +82,10 @@ class FakeApi:
     def json_patch_rayjob(self, namespace: str, name: str, ops: list[dict[str, Any]]):
         raise NotImplementedError
 
+    def delete_rayjob(self, namespace: str, name: str) -> None:
+        self.calls.append("delete rayjob")
+        self.objects.pop(("rayjob", name), None)
+
     def get_configmap(self, namespace: str, name: str):
         self.calls.append("get configmap")
         return self._get("configmap", name)

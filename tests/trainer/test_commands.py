@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from kuberl.api.contract import EXIT_PERMANENT
 from kuberl.cli import build_parser, main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -227,7 +228,7 @@ def test_module_entrypoint_refuses_an_invalid_spec_file(tmp_path, capsys):
             }
         )
     )
-    assert run_main(["--spec-file", str(spec), "--name", "x"]) == 1
+    assert run_main(["--spec-file", str(spec), "--name", "x"]) == EXIT_PERMANENT  # a retry cannot fix a spec
     assert "ppoMiniBatchSize" in capsys.readouterr().err
 
 

@@ -81,6 +81,13 @@ def entrypoint(name: str, namespace: str) -> str:
     return f"python -m {TRAINER_MODULE} --spec-file {SPEC_PATH} --name {name} --namespace {namespace}"
 
 
+# --- exit codes of the trainer (the RayJob's entrypoint) ------------------------------------------------------------
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C, checkpoint saved
+EXIT_STOPPED = 143  # 128 + SIGTERM: stopped by Kubernetes or Ray (suspend, preemption, drain), checkpoint saved
+EXIT_PERMANENT = 3  # a failure a retry cannot fix (data, model, file, reward function, spec): the trainer reported
+# it in status.progress.failure and the operator ends the RLJob Failed without a retry (any other code: transient)
+
 # --- status --------------------------------------------------------------------------------------------------------
 
 PROGRESS_FIELD = (

@@ -43,6 +43,8 @@ MACROS: dict[str, str] = {
     ),
     "ON_CLAIM": "(has(self.storage.claimName) || has(self.storage.claim))",
     "CKPT_DIR": "self.trainer.checkpointDir",
+    # runPolicy.backoffLimit of a job without a claim (its default is 0 there: kuberl.api.spec.backoff_limit)
+    "RETRIES_OFF_CLAIM": "(has(self.runPolicy.backoffLimit) ? self.runPolicy.backoffLimit : 0)",
 }
 
 # The literal env values of one RLJob, all together: with every other field bounded by its schema, the spec stays
@@ -205,11 +207,11 @@ STORAGE_RULES: tuple[Rule, ...] = (
     Rule(
         id="checkpoints-survive-pods",
         field="trainer.checkpointDir",
-        rule="ON_CLAIM || (PODS <= 1 && self.runPolicy.backoffLimit == 0) || (CKPT_DIR.startsWith('/')"
+        rule="ON_CLAIM || (PODS <= 1 && RETRIES_OFF_CLAIM == 0) || (CKPT_DIR.startsWith('/')"
         " && self.cluster.volumeMounts.exists(m, !m.readOnly"
         " && (CKPT_DIR == m.mountPath || CKPT_DIR.startsWith(m.mountPath + '/'))))",
         message="trainer.checkpointDir = ${CKPT_DIR} is on no volume every pod mounts, so checkpoints die with the "
-        "pod (${PODS} pods, runPolicy.backoffLimit = ${self.runPolicy.backoffLimit}): set storage.claim (a claim "
+        "pod (${PODS} pods, runPolicy.backoffLimit = ${RETRIES_OFF_CLAIM}): set storage.claim (a claim "
         "the operator creates) or storage.claimName, or mount a shared writable volume there (cluster.volumes, "
         "cluster.volumeMounts)",
         verl="ours",
@@ -233,6 +235,20 @@ RUN_RULES: tuple[Rule, ...] = (
         "(runPolicy.suspend: true)",
         verl="ours",
         scope="root",
+    ),
+)
+
+# failures and stalls (issue 14): a stalled job is flagged before it is ended
+STALL_RULES: tuple[Rule, ...] = (
+    Rule(
+        id="stall-deadline-after-timeout",
+        field="runPolicy.stallDeadlineSeconds",
+        rule="!has(self.runPolicy.stallDeadlineSeconds)"
+        " || self.runPolicy.stallDeadlineSeconds >= self.runPolicy.stallTimeoutSeconds",
+        message="runPolicy.stallDeadlineSeconds = ${self.runPolicy.stallDeadlineSeconds} is shorter than "
+        "runPolicy.stallTimeoutSeconds = ${self.runPolicy.stallTimeoutSeconds}: a job is flagged Stalled before it "
+        "is ended",
+        verl="ours",
     ),
 )
 
@@ -625,4 +641,5 @@ RULES: tuple[Rule, ...] = (
     ),
     *STORAGE_RULES,
     *RUN_RULES,
+    *STALL_RULES,
 )

@@ -697,16 +697,39 @@ class Cluster(SpecModel):
     )
 
 
+DEFAULT_RETRIES_ON_CLAIM = 3  # runPolicy.backoffLimit when checkpoints are on a claim: a retry resumes from them
+DEFAULT_STALL_TIMEOUT_SECONDS = 1800  # runPolicy.stallTimeoutSeconds: longer than any step and checkpoint save
+
+
 class RunPolicy(SpecModel):
     suspend: bool = Field(False, description="Suspend the job (deletes its Ray cluster; Kueue toggles this).")
-    backoff_limit: int = Field(
-        0, ge=0, le=100, description="Retries, each on a new Ray cluster resuming from the last checkpoint."
+    backoff_limit: int | None = Field(
+        None,
+        ge=0,
+        le=100,
+        description=f"Retries of a transient failure, each on a new Ray cluster resuming from the last checkpoint "
+        f"(a permanent one is never retried). Default: {DEFAULT_RETRIES_ON_CLAIM} with checkpoints on a storage "
+        "claim, else 0.",
     )
     active_deadline_seconds: int | None = Field(
         None, ge=1, le=2**31 - 1, description="Fail the job after this many seconds."
     )
     ttl_seconds_after_finished: int = Field(
         0, ge=0, le=2**31 - 1, description="Keep the finished Ray cluster this long."
+    )
+    stall_timeout_seconds: int = Field(
+        DEFAULT_STALL_TIMEOUT_SECONDS,
+        ge=1,
+        le=2**31 - 1,
+        description="A Running job whose trainer has reported no progress for this long gets the condition Stalled "
+        "and a Warning Event.",
+    )
+    stall_deadline_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=2**31 - 1,
+        description="Fail a Running job whose trainer has reported no progress for this long (at least "
+        "stallTimeoutSeconds); unset: a stalled job runs on.",
     )
 
 
@@ -767,3 +790,11 @@ class RLJobSpec(SpecModel):
         if self.cluster.rollout is None:
             raise ValueError("rollout.placement is separate but cluster.rollout is not set")
         return self.cluster.rollout
+
+
+def backoff_limit(spec: RLJobSpec) -> int:
+    """runPolicy.backoffLimit, or its default: retries only help when the checkpoints outlive the failed pods."""
+    if spec.run_policy.backoff_limit is not None:
+        return spec.run_policy.backoff_limit
+    on_claim = spec.storage.claim_name is not None or spec.storage.claim is not None
+    return DEFAULT_RETRIES_ON_CLAIM if on_claim else 0

@@ -34,6 +34,7 @@ class ConditionType(StrEnum):
     CLUSTER_READY = "ClusterReady"  # False with the first cause that blocks the Ray cluster's pods (diagnosis.py)
     KUBERAY_SUPPORTED = "KubeRaySupported"  # False while the installed KubeRay is older than kuberl supports
     PROGRESS_REPORTED = "ProgressReported"  # False while a Running job's trainer is silent (operator/ownership.py)
+    STALLED = "Stalled"  # True while a Running job's progress is older than runPolicy.stallTimeoutSeconds
 
 
 class StatusModel(BaseModel):
@@ -63,6 +64,22 @@ class Condition(StatusModel):
     message: Text = Field("", description="Human-readable detail.")
 
 
+class FailureClass(StrEnum):
+    PERMANENT = "Permanent"  # a retry cannot fix it: the operator ends the job Failed, no retry
+    TRANSIENT = "Transient"  # retried up to runPolicy.backoffLimit
+
+
+class Failure(StatusModel):
+    """Why the trainer's attempt failed, as it reported it before exiting (kuberl.trainer.failures)."""
+
+    kind: FailureClass = Field(description="Permanent (not retried) or Transient (retried up to backoffLimit).")
+    error: Annotated[str, Field(max_length=256)] = Field(description="The error's class, e.g. DataError.")
+    message: Text = Field("", description="The error's message.")
+    at: Annotated[str, Field(max_length=64)] = Field(
+        description="When the trainer reported it (RFC 3339).", json_schema_extra={"format": "date-time"}
+    )
+
+
 class Progress(StatusModel):
     step: int = Field(0, ge=0, description="Training steps completed.")
     total_steps: int | None = Field(None, ge=0, description="Steps the run will make.")
@@ -84,6 +101,9 @@ class Progress(StatusModel):
     )
     estimated_remaining_time_summary: Annotated[str, Field(max_length=32)] | None = Field(
         None, description="estimatedRemainingSeconds for people: 2h05m, 4m10s, 35s."
+    )
+    failure: Failure | None = Field(
+        None, description="The failure that ended the trainer's last attempt; cleared by the next attempt's report."
     )
 
 

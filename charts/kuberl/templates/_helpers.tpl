@@ -109,10 +109,11 @@ app.kubernetes.io/component: operator
 - apiGroups: ["kuberl.io"]
   resources: ["rljobs/finalizers"]
   verbs: ["update"]
-# create the RayJob, watch the labelled ones, toggle suspend / update the template
+# create the RayJob, watch the labelled ones, toggle suspend / update the template; delete it when the operator
+# ends the job (a permanent failure, a stall deadline) so that KubeRay does not retry it
 - apiGroups: ["ray.io"]
   resources: ["rayjobs"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # the spec ConfigMap <name>-spec
 - apiGroups: [""]
   resources: ["configmaps"]

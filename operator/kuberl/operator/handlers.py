@@ -4,6 +4,7 @@ RLJob create/resume → check KubeRay's version (kuberay_support.py), validate, 
                       RayJob, write status.
 RLJob spec update   → propagate runPolicy.suspend (and the template while no Ray cluster exists).
 RayJob event        → recompute the owning RLJob's status (phase, conditions, Events).
+RLJob event with a permanent failure the trainer reported → end it Failed and delete its RayJob (no retry).
 A thread (ownership.py) → every resync period: restore a status someone else wrote, warn about silent trainers.
 RLJob event         → the `kuberl_operator_rljobs{phase}` gauge.
 A thread (clusterwatch.py) → ClusterReady=False with the cause that blocks a waiting RLJob's Ray cluster.
@@ -118,6 +119,15 @@ def rayjob_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: 
         return
     with metrics.reconciling("rayjob"):
         reconcile.on_rayjob(memo.api, dict(body), deleted=event.get("type") == "DELETED")
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, when=lambda body, **_: reconcile.permanent_failure_unhandled(body))
+def rljob_failure_reported(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The trainer reported a permanent failure: end the job now, not after KubeRay has started a retry."""
+    if memo.get("api") is None:
+        return
+    with metrics.reconciling("failure"):
+        reconcile.on_failure_reported(memo.api, body)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

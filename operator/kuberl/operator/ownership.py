@@ -16,6 +16,10 @@ writes):
   service account and the Role the trainer needs. The condition is the record that makes the Event once per
   silence; a later report sets it True.
 
+- **Stall watch.** A Running RLJob whose progress is older than runPolicy.stallTimeoutSeconds gets
+  `Stalled=True` and one Warning Event `Stalled`; past runPolicy.stallDeadlineSeconds (optional) it is ended
+  Failed (`StallDeadlineExceeded`) and its RayJob deleted. The resync period bounds how late either comes.
+
 Events go through `post_event` (a core/v1 Event, as clusterwatch posts them): kopf's event queue exists only
 inside its handlers, and this runs in a thread.
 """
@@ -28,9 +32,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kuberl.api.contract import timestamp
+from kuberl.api.spec import DEFAULT_STALL_TIMEOUT_SECONDS
 from kuberl.api.status import TERMINAL_PHASES, ConditionType, Phase
 from kuberl.operator.reconcile import Api, write_status
-from kuberl.operator.status import Event, get_condition, next_status, observe, set_condition, sort_conditions
+from kuberl.operator.status import (
+    STALL_DEADLINE,
+    Event,
+    ended_by_operator,
+    ended_status,
+    get_condition,
+    next_status,
+    observe,
+    set_condition,
+    sort_conditions,
+)
 
 log = logging.getLogger("kuberl.operator")
 
@@ -47,9 +62,10 @@ LIFECYCLE = (
 
 
 def refused_by_operator(status: dict[str, Any]) -> bool:
-    """Failed because the operator refused the spec (`status.invalid_status`): its verdict, not the RayJob's."""
+    """Failed because the operator refused the spec (`status.invalid_status`) or ended the job itself
+    (`status.ended_status`): its verdict, not the RayJob's."""
     valid, failed = get_condition(status, ConditionType.VALID), get_condition(status, ConditionType.FAILED)
-    return (
+    return ended_by_operator(status) or (
         status.get("phase") == Phase.FAILED
         and valid is not None
         and failed is not None
@@ -138,6 +154,61 @@ def progress_status(
     return {**old, "conditions": sort_conditions(conditions)}, events
 
 
+def stall_status(
+    old: dict[str, Any], rayjob: dict[str, Any] | None, run_policy: dict[str, Any], *, now: datetime | None = None
+) -> tuple[dict[str, Any], list[Event]]:
+    """`old` with `Stalled` set from the age of the trainer's progress (`status.progress.updatedAt`, or the Running
+    transition of this attempt when that is newer): True and a Warning Event `Stalled` past
+    runPolicy.stallTimeoutSeconds, False again on a fresh report or when the job stops running; past
+    runPolicy.stallDeadlineSeconds the job is ended Failed (`StallDeadlineExceeded`; write_status deletes the
+    RayJob)."""
+    current = (get_condition(old, ConditionType.STALLED) or {}).get("status")
+    conditions = list(old.get("conditions") or [])
+    stamp = timestamp()
+    running = rayjob is not None and old.get("phase") == Phase.RUNNING and observe(rayjob).phase == Phase.RUNNING
+    if not running:
+        if current != "True":
+            return old, []
+        message = f"the job is {old.get('phase')}"
+        set_condition(conditions, ConditionType.STALLED, False, "NotRunning", message, stamp)
+        return {**old, "conditions": sort_conditions(conditions)}, []
+    now = now or datetime.now(UTC)
+    reported = _parse((old.get("progress") or {}).get("updatedAt"))
+    started = _parse((get_condition(old, ConditionType.RUNNING) or {}).get("lastTransitionTime"))
+    marks = [t for t in (reported, started) if t is not None] or [
+        t for t in (_parse(old.get("startTime")),) if t is not None
+    ]
+    if not marks:
+        return old, []
+    since = max(marks)
+    age = (now - since).total_seconds()
+    timeout = int(run_policy.get("stallTimeoutSeconds") or DEFAULT_STALL_TIMEOUT_SECONDS)
+    deadline = run_policy.get("stallDeadlineSeconds")
+    step = (old.get("progress") or {}).get("step")
+    last = f"step {step}, reported {reported.isoformat()}" if reported else "no progress reported in this attempt"
+    if deadline is not None and age > int(deadline):
+        message = (
+            f"no training progress for {age:.0f} s ({last}), past runPolicy.stallDeadlineSeconds = {deadline}: the job "
+            "is ended and its RayJob deleted; see the Ray head's logs for where the trainer hangs"
+        )
+        return ended_status(old, STALL_DEADLINE, message)
+    if age > timeout:
+        if current == "True":
+            return old, []
+        message = (
+            f"no training progress for {age:.0f} s ({last}), past runPolicy.stallTimeoutSeconds = {timeout}: the "
+            "trainer may hang (a reward function, a collective, a full disk); see the Ray head's logs"
+        )
+        set_condition(conditions, ConditionType.STALLED, True, "NoProgress", message, stamp)
+        return {**old, "conditions": sort_conditions(conditions)}, [Event("Warning", "Stalled", message)]
+    if current == "True":
+        set_condition(
+            conditions, ConditionType.STALLED, False, "Progressing", f"the trainer progresses ({last})", stamp
+        )
+        return {**old, "conditions": sort_conditions(conditions)}, []
+    return old, []
+
+
 def resync(api: Api, rljob: dict[str, Any], *, progress_timeout: float, post_event: PostEvent) -> bool:
     """Recompute one RLJob's status (a net for a missed watch event, a forged write, a silent trainer); True when
     it wrote."""
@@ -155,7 +226,8 @@ def resync(api: Api, rljob: dict[str, Any], *, progress_timeout: float, post_eve
         new, progress = progress_status(
             new, rayjob, timeout=progress_timeout, service_account=account, namespace=meta["namespace"]
         )
-        events[:] = owned + progress
+        new, stall = stall_status(new, rayjob, (rljob.get("spec") or {}).get("runPolicy") or {})
+        events[:] = owned + progress + stall
         return new, []  # posted below, once the write succeeded
 
     after = write_status(api, meta["namespace"], meta["name"], compute, uid=meta["uid"], rljob=rljob)

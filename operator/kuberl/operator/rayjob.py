@@ -35,7 +35,7 @@ from kuberl.api.contract import (
     TRAINER_POOL,
     entrypoint,
 )
-from kuberl.api.spec import HeadNode, NodePool, PodSettings, PoolPodSettings, RLJobSpec, Toleration
+from kuberl.api.spec import HeadNode, NodePool, PodSettings, PoolPodSettings, RLJobSpec, Toleration, backoff_limit
 from kuberl.api.validation import spec_to_wire
 from kuberl.operator.trust import Policy
 
@@ -192,7 +192,7 @@ def render_rayjob(name: str, namespace: str, uid: str, spec: RLJobSpec, trust: P
         "entrypoint": entrypoint(name, namespace),
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": policy.ttl_seconds_after_finished,
-        "backoffLimit": policy.backoff_limit,
+        "backoffLimit": backoff_limit(spec),
         "suspend": policy.suspend,
         "rayClusterSpec": {
             "rayVersion": cluster.ray_version,

@@ -16,8 +16,13 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["kuberl.io"], "resources": ["rljobs/status"], "verbs": ["get", "patch"]},
     # ownerReferences with blockOwnerDeletion: true need this where OwnerReferencesPermissionEnforcement is on
     {"apiGroups": ["kuberl.io"], "resources": ["rljobs/finalizers"], "verbs": ["update"]},
-    # create the RayJob, watch all labelled ones, toggle suspend / update the template (JSON patch)
-    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    # create the RayJob, watch all labelled ones, toggle suspend / update the template (JSON patch); delete it when
+    # the operator ends the job (a permanent failure, a stall deadline): KubeRay would otherwise retry it
+    {
+        "apiGroups": ["ray.io"],
+        "resources": ["rayjobs"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+    },
     # the spec ConfigMap `<name>-spec`
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
     # the NetworkPolicy `<name>-ray` that admits only the job's pods, KubeRay and the monitoring namespace

@@ -34,10 +34,11 @@ from kuberl.api.contract import (
     timestamp,
 )
 from kuberl.api.spec import RLJobSpec
-from kuberl.api.status import TERMINAL_PHASES
+from kuberl.api.status import TERMINAL_PHASES, FailureClass
 from kuberl.api.validation import validate_document
 from kuberl.operator import metrics
 from kuberl.operator.rayjob import (
+    NO_CLUSTER_STATES,
     RenderError,
     configmap_name,
     rayjob_update_ops,
@@ -48,8 +49,10 @@ from kuberl.operator.rayjob import (
 )
 from kuberl.operator.status import (
     Event,
+    ended_by_operator,
     invalid_status,
     next_status,
+    reported_failure,
     set_condition,
     sort_conditions,
     status_patch,
@@ -116,6 +119,14 @@ class Api:
 
     def create_rayjob(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         return _obj(self.custom.create_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, body))
+
+    def delete_rayjob(self, namespace: str, name: str) -> None:
+        """Delete the RayJob (its Ray cluster goes with it); gone already is fine."""
+        _none_on_404(
+            lambda: self.custom.delete_namespaced_custom_object(
+                RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name, propagation_policy="Background"
+            )
+        )
 
     def json_patch_rayjob(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
         return _obj(
@@ -209,7 +220,9 @@ def _adopt_or_refuse(kind: str, existing: dict[str, Any], uid: str) -> None:
     )
 
 
-def ensure_configmap(api: Api, desired: dict[str, Any], uid: str) -> dict[str, Any]:
+def ensure_configmap(api: Api, desired: dict[str, Any], uid: str, *, update: bool) -> dict[str, Any]:
+    """The spec ConfigMap, created if missing; an existing one is rewritten only with `update`: together with the
+    RayJob whose pods read it (`spec_follows`), never under a running Ray cluster."""
     namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
     try:
         return api.create_configmap(namespace, desired)
@@ -220,11 +233,18 @@ def ensure_configmap(api: Api, desired: dict[str, Any], uid: str) -> dict[str, A
     if existing is None:
         raise kopf.TemporaryError(f"ConfigMap {name} vanished after a conflict; retrying", delay=1)
     _adopt_or_refuse("ConfigMap", existing, uid)
-    if existing.get("data") != desired["data"]:
+    if update and existing.get("data") != desired["data"]:
         api.patch_configmap(
             namespace, name, {"metadata": {"annotations": desired["metadata"]["annotations"]}, "data": desired["data"]}
         )
     return existing
+
+
+def spec_follows(rayjob: dict[str, Any] | None) -> bool:
+    """Whether the spec ConfigMap may change now: the RayJob is created with it, or has no Ray cluster and gets the
+    new template in the same update (`rayjob_update_ops`). A running cluster, and a retry KubeRay starts from the
+    same RayJob, read the spec it started with."""
+    return rayjob is None or ((rayjob.get("status") or {}).get("jobDeploymentStatus") or "") in NO_CLUSTER_STATES
 
 
 def ensure_owned(
@@ -336,6 +356,8 @@ def write_status(
         new, events = compute(old, rayjob)
         patch = status_patch(old, new)
         if not patch:
+            if rayjob is not None and ended_by_operator(new):  # an earlier delete failed: redone by the resync
+                api.delete_rayjob(namespace, name)
             return rljob
         body = {"metadata": {"resourceVersion": rljob["metadata"]["resourceVersion"]}, "status": patch}
         try:
@@ -347,6 +369,8 @@ def write_status(
                 return None
             raise
         post_events(rljob, events)
+        if rayjob is not None and ended_by_operator(new):  # written Failed first: the deletion cannot reopen it
+            api.delete_rayjob(namespace, name)
         restarts = int(new.get("restarts") or 0) - int(old.get("restarts") or 0)
         if restarts > 0:
             metrics.RESTARTS.inc(restarts)
@@ -484,7 +508,7 @@ def ensure(api: Api, body: kopf.Body | dict[str, Any], logger: kopf.Logger = log
     try:
         ensure_networkpolicy(api, networkpolicy, uid)
         ensure_claim(api, claim)
-        ensure_configmap(api, configmap, uid)
+        ensure_configmap(api, configmap, uid, update=api.get_rayjob(namespace, name) is None)
         existing, created = ensure_rayjob(api, rayjob, uid)
     except ApiException as exc:
         if transient(exc):
@@ -515,8 +539,9 @@ def suspend_of(spec: Any) -> bool:
 def apply_update(
     api: Api, body: kopf.Body | dict[str, Any], old_spec: Any, new_spec: Any, logger: kopf.Logger = log
 ) -> None:
-    """Propagate a spec change: the spec ConfigMap always, runPolicy.suspend always, the rest only while the
-    RayJob has no Ray cluster (suspended or not started): a running cluster is never rebuilt under the trainer."""
+    """Propagate a spec change: runPolicy.suspend always, the spec ConfigMap and the rest of the RayJob only while
+    the RayJob has no Ray cluster (suspended or not started): a running cluster is never rebuilt under the trainer,
+    and its pods (and KubeRay's retries of it) never read a spec other than the one it was started with."""
     meta = body["metadata"]
     name, namespace, uid, generation = meta["name"], meta["namespace"], meta["uid"], meta.get("generation")
     phase = (body.get("status") or {}).get("phase")
@@ -527,7 +552,7 @@ def apply_update(
     suspend_changed = suspend_of(old_spec) != suspend_of(new_spec)
     try:
         ensure_claim(api, claim)
-        ensure_configmap(api, configmap, uid)
+        ensure_configmap(api, configmap, uid, update=spec_follows(api.get_rayjob(namespace, name)))
         for attempt in range(4):
             existing = api.get_rayjob(namespace, name)
             if existing is None:
@@ -573,6 +598,24 @@ def on_rayjob(api: Api, rayjob: dict[str, Any], *, deleted: bool = False) -> Non
         return next_status(old, rayjob)
 
     write_status(api, meta["namespace"], owner["name"], compute, uid=owner["uid"], rayjob=None if deleted else rayjob)
+
+
+def permanent_failure_unhandled(body: kopf.Body | dict[str, Any]) -> bool:
+    """The trainer reported a permanent failure and the job has not ended yet (the RLJob watch's filter)."""
+    status = body.get("status") or {}
+    failure = reported_failure(_plain(status))
+    return (
+        failure is not None
+        and failure.get("kind") == FailureClass.PERMANENT
+        and status.get("phase") not in TERMINAL_PHASES
+        and bool(status.get("rayJobName"))
+    )
+
+
+def on_failure_reported(api: Api, body: kopf.Body | dict[str, Any]) -> None:
+    """End the job at once on the trainer's permanent failure (next_status), before KubeRay starts a retry."""
+    meta = body["metadata"]
+    sync_status(api, meta["namespace"], meta["name"], uid=meta["uid"], rljob=_plain(body))
 
 
 __all__ = [

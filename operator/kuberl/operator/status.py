@@ -21,12 +21,13 @@ KubeRay's states (`ray-operator/apis/ray/v1/rayjob_types.go`: `JobDeploymentStat
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from kuberl.api.contract import PROGRESS_FIELD, QUEUE_LABEL, timestamp
-from kuberl.api.status import TERMINAL_PHASES, ConditionType, Phase
+from kuberl.api.status import TERMINAL_PHASES, ConditionType, FailureClass, Phase
 
 # RayJob .status.jobDeploymentStatus values (KubeRay rayjob_types.go)
 JDS_NEW = "New"
@@ -50,6 +51,11 @@ CONDITION_ORDER = (
 )
 
 WARNING_PHASES = frozenset({Phase.FAILED, Phase.RESTARTING})
+
+# Failed condition reasons of a job the operator ended itself; it deletes the RayJob (KubeRay would retry it)
+PERMANENT_FAILURE = "PermanentFailure"  # the trainer reported a failure a retry cannot fix (status.progress.failure)
+STALL_DEADLINE = "StallDeadlineExceeded"  # no progress for runPolicy.stallDeadlineSeconds
+ENDED_BY_OPERATOR = frozenset({PERMANENT_FAILURE, STALL_DEADLINE})
 
 
 @dataclass(frozen=True)
@@ -236,8 +242,21 @@ def next_status(
             new["message"] = "creating the RayJob"
         new["conditions"] = sort_conditions(conditions)
         return _clean(new), events
+    failure = reported_failure(old)
+    if failure is not None and failure.get("kind") == FailureClass.PERMANENT:
+        message = (
+            f"the trainer failed with {failure.get('error')}: {failure.get('message')}; a retry cannot fix this "
+            "(a permanent failure), so the job is not retried and its RayJob is deleted"
+        )
+        return ended_status(old, PERMANENT_FAILURE, message, now=now, generation=generation)
 
     obs = observe(rayjob)
+    if failure is not None and obs.phase in (Phase.RESTARTING, Phase.FAILED):
+        obs = dataclasses.replace(
+            obs,
+            message=f"{obs.message} (the trainer reported a transient failure: {failure.get('error')}: "
+            f"{failure.get('message')})",
+        )
     name = (rayjob.get("metadata") or {}).get("name")
     new["rayJobName"] = name
     if obs.ray_cluster_name:
@@ -317,6 +336,36 @@ def next_status(
         if not (obs.phase == Phase.RESTARTING and events and events[-1].reason == "Restarting"):
             events.append(Event("Warning" if obs.phase in WARNING_PHASES else "Normal", str(obs.phase), obs.message))
     return _clean(new), events
+
+
+def reported_failure(status: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The failure the trainer reported for its last attempt (`status.progress.failure`), if any."""
+    failure = ((status or {}).get(PROGRESS_FIELD) or {}).get("failure")
+    return failure if isinstance(failure, dict) else None
+
+
+def ended_by_operator(status: dict[str, Any] | None) -> bool:
+    """Failed by the operator's own verdict (ENDED_BY_OPERATOR), not by the RayJob's state."""
+    failed = get_condition(status, ConditionType.FAILED) or {}
+    return (status or {}).get("phase") == Phase.FAILED and failed.get("reason") in ENDED_BY_OPERATOR
+
+
+def ended_status(
+    old: dict[str, Any] | None, reason: str, message: str, *, now: str | None = None, generation: int | None = None
+) -> tuple[dict[str, Any], list[Event]]:
+    """A job the operator ends itself (ENDED_BY_OPERATOR): Failed with `reason`, restarts as they were, and the
+    Warning Event; the caller deletes the RayJob."""
+    now = now or timestamp()
+    new = copy.deepcopy(old or {})
+    new.pop("kopf", None)
+    conditions = list(new.get("conditions") or [])
+    set_condition(conditions, ConditionType.RUNNING, False, reason, message, now, generation)
+    set_condition(conditions, ConditionType.FAILED, True, reason, message, now, generation)
+    new.update(phase=str(Phase.FAILED), message=message, conditions=sort_conditions(conditions))
+    new.setdefault("completionTime", now)
+    if generation is not None:
+        new["observedGeneration"] = generation
+    return _clean(new), [Event("Warning", reason, message)]
 
 
 def _not_running_reason(obs: Observation) -> str:

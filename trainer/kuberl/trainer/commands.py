@@ -115,17 +115,14 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from kuberl.trainer.data import DataError
-    from kuberl.trainer.models import ModelNotFoundError
-    from kuberl.trainer.rewards import RewardFunctionLoadError
-    from kuberl.trainer.rollout.layout import PlacementError
+    from kuberl.trainer.failures import PERMANENT_ERRORS
     from kuberl.trainer.run import run_job
 
     try:
         return run_job(
             name, spec, address=args.address, run_dir=args.run_dir, steps=args.steps, show_progress=not args.no_progress
         )
-    except (DataError, ModelNotFoundError, RewardFunctionLoadError, PlacementError) as exc:  # no traceback
+    except PERMANENT_ERRORS as exc:  # a retry cannot fix it: the message, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

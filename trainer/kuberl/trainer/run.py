@@ -30,18 +30,27 @@ import torch
 from torch import Tensor
 
 from kuberl.api import RLJobSpec, parse_spec, plan_batches
-from kuberl.api.contract import ENV_RLJOB_NAMESPACE, TRAINER_MODULE
+from kuberl.api.contract import (
+    ENV_RLJOB_NAMESPACE,
+    EXIT_INTERRUPTED,
+    EXIT_PERMANENT,
+    EXIT_STOPPED,
+    TRAINER_MODULE,
+)
+from kuberl.api.status import FailureClass
 from kuberl.trainer.advantages import compute_advantages
 from kuberl.trainer.checkpointer import Checkpointer
 from kuberl.trainer.cluster import Cluster
 from kuberl.trainer.collect import Rollouts, collect_batch, place_at_last_token
 from kuberl.trainer.data import Prompt, PromptDataset, PromptLoader, load_rows
+from kuberl.trainer.failures import classify
 from kuberl.trainer.kl import apply_kl_in_reward, make_kl_controller
 from kuberl.trainer.metrics import Timer
 from kuberl.trainer.microbatch import Rows, concat, shard_mini_batches, shard_rows, slice_rows
 from kuberl.trainer.plan import ExecutionPlan
 from kuberl.trainer.reporting import Reporting, write
 from kuberl.trainer.rewards import SCORE_DTYPE, RewardInput, RewardPolicy, check_finite, make_scorer
+from kuberl.trainer.status_reporter import StatusReporter
 from kuberl.trainer.step_metrics import data_metrics, perf_metrics, reduce_update_metrics
 
 if TYPE_CHECKING:
@@ -50,8 +59,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kuberl.trainer")
 
-EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C, checkpoint saved
-EXIT_STOPPED = 143  # 128 + SIGTERM: stopped by Kubernetes or Ray (suspend, preemption, drain), checkpoint saved
 STOP_SIGNALS = {signal.SIGINT: EXIT_INTERRUPTED, signal.SIGTERM: EXIT_STOPPED}
 
 
@@ -550,8 +557,6 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m kuberl.trainer.run --spec-file spec.json --name NAME --namespace NS`` (the RayJob entrypoint)."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    from kuberl.api import InvalidSpec
-
     text = Path(args.spec_file).read_text()
     try:
         raw = json.loads(text)
@@ -562,18 +567,25 @@ def main(argv: list[str] | None = None) -> int:
     raw = raw.get("spec", raw) if isinstance(raw, dict) and "apiVersion" in raw else raw
     try:
         spec = parse_spec(raw, source=args.spec_file)
-    except InvalidSpec as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return run_job(
-        args.name,
-        spec,
-        address=args.address,
-        run_dir=args.run_dir,
-        steps=args.steps,
-        namespace=args.namespace,
-        show_progress=False,
-    )
+        return run_job(
+            args.name,
+            spec,
+            address=args.address,
+            run_dir=args.run_dir,
+            steps=args.steps,
+            namespace=args.namespace,
+            show_progress=False,
+        )
+    except Exception as exc:  # reported, then: permanent → EXIT_PERMANENT (no retry), transient → raised (exit 1)
+        failure = classify(exc)
+        reporter = StatusReporter.from_env(args.name, args.namespace)
+        if reporter is not None:
+            reporter.report_failure(failure)
+        if failure.kind != FailureClass.PERMANENT:
+            raise
+        logging.getLogger(__name__).error("permanent failure, not retried", exc_info=exc)
+        print(f"error: {failure.error}: {failure.message}", file=sys.stderr)
+        return EXIT_PERMANENT
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from kuberl.api.contract import (
     VERSION,
     timestamp,
 )
-from kuberl.api.status import Progress
+from kuberl.api.status import Failure, Progress
 
 log = logging.getLogger(__name__)
 
@@ -107,15 +107,20 @@ class StatusReporter:
             return None
 
     @staticmethod
-    def body(progress: Progress) -> dict[str, Any]:
-        """The merge patch: ``progress`` stamped with the time, on the wire (camelCase), unset fields left out."""
+    def body(progress: Progress, *, clear_failure: bool = False) -> dict[str, Any]:
+        """The merge patch: ``progress`` stamped with the time, on the wire (camelCase), unset fields left out;
+        with `clear_failure`, the failure an earlier attempt reported is removed (null in a merge patch)."""
         stamped = progress.model_copy(update={"updated_at": timestamp()})
-        return {"status": {PROGRESS_FIELD: stamped.model_dump(mode="json", by_alias=True, exclude_none=True)}}
+        wire = stamped.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if clear_failure:
+            wire["failure"] = None
+        return {"status": {PROGRESS_FIELD: wire}}
 
     def report(self, progress: Progress, *, force: bool = False) -> bool:
         """Patch ``status.progress`` unless one was sent less than ``min_interval`` ago."""
         now = self.clock()
         step = progress.step
+        first = self.start is None
         if self.start is None:
             self.start = (now, step)
         if not force and self.last_sent is not None and now - self.last_sent < self.min_interval:
@@ -124,7 +129,7 @@ class StatusReporter:
         progress = progress.model_copy(update=progress_estimate(step, progress.total_steps, self.start, now))
         try:
             self.api.patch_namespaced_custom_object_status(
-                GROUP, VERSION, self.namespace, PLURAL, self.name, self.body(progress)
+                GROUP, VERSION, self.namespace, PLURAL, self.name, self.body(progress, clear_failure=first)
             )
             return True
         except Exception as exc:
@@ -132,6 +137,16 @@ class StatusReporter:
             log.warning(
                 "RLJob %s/%s status patch failed (%d so far): %s", self.namespace, self.name, self.failures, exc
             )
+            return False
+
+    def report_failure(self, failure: Failure) -> bool:
+        """Patch ``status.progress.failure`` (the operator ends the job on a permanent one); logged, never raised."""
+        body = {"status": {PROGRESS_FIELD: {"failure": failure.model_dump(mode="json", by_alias=True)}}}
+        try:
+            self.api.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, self.name, body)
+            return True
+        except Exception as exc:
+            log.warning("RLJob %s/%s failure report failed: %s", self.namespace, self.name, exc)
             return False
 
     def event(self, reason: str, message: str) -> bool:
