@@ -176,7 +176,8 @@ def free_port() -> int:
 
 
 def test_gpu_sampler_averages_the_readings_of_a_step_and_restarts_at_each_take():
-    """Readings alternate busy (100) and idle (0) as a step does: the step's figure is their mean, not the last one."""
+    """Readings alternate busy (100) and idle (0) as a step does: the step's figures are their mean and largest
+    reading, not the last one."""
     import itertools
     import time
 
@@ -186,8 +187,8 @@ def test_gpu_sampler_averages_the_readings_of_a_step_and_restarts_at_each_take()
     sampler = GPUSampler(lambda: next(readings), interval=0.01)
     try:
         time.sleep(0.3)
-        mean = sampler.take()
-        assert mean is not None and 30 < mean < 70
+        samples = sampler.take()
+        assert samples is not None and 30 < samples.mean < 70 and samples.max == 100.0
         sampler.close()
         sampler.take()
         assert sampler.take() is None  # nothing read since the last take

@@ -29,8 +29,9 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +91,16 @@ class Timer:
         return {f"timing_s/{k}": v for k, v in self.seconds.items()}
 
 
+@dataclass(frozen=True)
+class Samples:
+    mean: float
+    max: float
+
+
 class GPUSampler:
-    """A value (NVML utilization) read every `interval` seconds in a daemon thread; `take()` gives the mean over the
-    samples since the last take, so a step's figure covers the whole step and not the instant it ended at (when the
-    GPU is often idle, waiting for the driver)."""
+    """A value (NVML utilization, memory in use) read every `interval` seconds in a daemon thread; `take()` gives the
+    mean and the largest reading since the last take, so a step's figure covers the whole step and not the instant it
+    ended at (when the GPU is often idle, waiting for the driver, and a colocated engine asleep)."""
 
     def __init__(self, read: Callable[[], float], interval: float = 0.5) -> None:
         import threading
@@ -101,7 +108,7 @@ class GPUSampler:
         self.read = read
         self.interval = interval
         self._lock = threading.Lock()
-        self._sum, self._count = 0.0, 0
+        self._sum, self._count, self._max = 0.0, 0, float("-inf")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kuberl-gpu-sampler", daemon=True)
         self._thread.start()
@@ -114,33 +121,39 @@ class GPUSampler:
                 log.warning("GPU sampler stopped: %s", exc)
                 return
             with self._lock:
-                self._sum, self._count = self._sum + value, self._count + 1
+                self._sum, self._count, self._max = self._sum + value, self._count + 1, max(self._max, value)
             self._stop.wait(self.interval)
 
-    def take(self) -> float | None:
-        """Mean since the previous take (None when no sample was read in between)."""
+    def take(self) -> Samples | None:
+        """Mean and largest reading since the previous take (None when no sample was read in between)."""
         with self._lock:
-            mean = self._sum / self._count if self._count else None
-            self._sum, self._count = 0.0, 0
-        return mean
+            samples = Samples(self._sum / self._count, self._max) if self._count else None
+            self._sum, self._count, self._max = 0.0, 0, float("-inf")
+        return samples
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
 
 
-_NVML_SAMPLERS: dict[int, GPUSampler] = {}
+_NVML_SAMPLERS: dict[tuple[int, str], GPUSampler] = {}
 
 
-def nvml_utilization_sampler(index: int) -> GPUSampler:
-    """One sampler per GPU index and process, started on first use (raises when NVML is unavailable)."""
-    if index not in _NVML_SAMPLERS:
+def nvml_sampler(index: int, quantity: Literal["utilization", "memory_used"]) -> GPUSampler:
+    """One sampler per GPU index, quantity and process, started on first use (raises when NVML is unavailable):
+    utilization in percent, or the bytes in use on the device by every allocator (torch's, vLLM's, NCCL's, the CUDA
+    context), which torch's own counters do not see whole."""
+    if (index, quantity) not in _NVML_SAMPLERS:
         import pynvml
 
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        _NVML_SAMPLERS[index] = GPUSampler(lambda: float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu))
-    return _NVML_SAMPLERS[index]
+        readers: dict[str, Callable[[], float]] = {
+            "utilization": lambda: float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+            "memory_used": lambda: float(pynvml.nvmlDeviceGetMemoryInfo(handle).used),
+        }
+        _NVML_SAMPLERS[index, quantity] = GPUSampler(readers[quantity])
+    return _NVML_SAMPLERS[index, quantity]
 
 
 def summary_line(step: int, total_steps: int, m: dict[str, float]) -> str:

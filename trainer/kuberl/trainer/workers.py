@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from kuberl.api.spec import FSDP, Optim, RLJobSpec
 from kuberl.trainer import fsdp
-from kuberl.trainer.metrics import nvml_utilization_sampler
+from kuberl.trainer.metrics import nvml_sampler
 from kuberl.trainer.microbatch import Rows, equalize, micro_batches, num_rows, pack, pad_right, select, trim
 from kuberl.trainer.plan import ExecutionPlan, MicroBatching, plan_execution
 from kuberl.trainer.weight_sync import free_port
@@ -637,7 +637,8 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def device_stats(device: torch.device) -> dict[str, float]:
-    """Peak allocated memory (GPU) and NVML utilisation (mean over the step) when ``pynvml`` is importable."""
+    """torch's peak allocated memory (GPU) and, when ``pynvml`` is importable, NVML utilisation (mean over the step)
+    and memory in use (largest over the step, and now)."""
     stats: dict[str, float] = {}
     if device.type != "cuda":
         return stats
@@ -649,10 +650,13 @@ def device_stats(device: torch.device) -> dict[str, float]:
         pynvml.nvmlInit()
         index = int((os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0])
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        # the mean over the step from a background sampler, not one reading at its end
-        utilization = nvml_utilization_sampler(index).take()
+        # over the step from background samplers, not one reading at its end
+        utilization = nvml_sampler(index, "utilization").take()
         if utilization is not None:
-            stats["utilization"] = utilization
+            stats["utilization"] = utilization.mean
+        memory = nvml_sampler(index, "memory_used").take()
+        if memory is not None:
+            stats["memory_used_peak_gb"] = memory.max / 2**30
         stats["memory_used_gb"] = pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30
     except Exception:  # pynvml missing or NVML unavailable: memory from torch is still reported
         pass
