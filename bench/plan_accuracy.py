@@ -3,9 +3,10 @@
 The estimate is ``kuberl plan FILE -o json`` (no weights loaded); the measurement is the largest
 ``perf/max_memory_used_gb`` over the steps of a finished ``kuberl run`` of that file: the device's memory in use as
 NVML samples it every 0.5 s, every allocator included. torch's ``perf/max_memory_allocated_gb`` is recorded beside
-it but is not the measure: on the H200 it exceeded the plan by both phases' sum (vLLM's sleep returns the memory
-to the device while torch's counters keep its high-water mark). The target is the plan's peak within 20% of the
-device's. Usage (GPU machine, after a run)::
+it but is not the measure: on the H200 it read 52.7 and 82.2 GiB where the plan said 43.6 and 54.8, close to both
+phases at once, as if torch's counters kept the high-water mark of memory that vLLM's sleep had returned (to be
+confirmed with this measure). The target is the plan's peak within 20% of the device's. Usage (GPU machine, after a
+run)::
 
     python bench/plan_accuracy.py --spec /tmp/bench/kuberl-rljob.yaml --metrics /tmp/bench/kuberl-run/metrics.jsonl \\
         --gpu H200 --out bench/results/plan_accuracy_smollm2.json
