@@ -351,11 +351,15 @@ class Cluster:
         ns = ["-n", namespace] if namespace else []
         return json.loads(self.kubectl("get", resource, name, *ns, "-o", "json").stdout)
 
-    def service_account_kubeconfig(self, namespace: str, name: str, duration: str = "2h") -> Path:
+    def service_account_kubeconfig(
+        self, namespace: str, name: str, duration: str = "2h", bound_pod: str | None = None
+    ) -> Path:
         """A kubeconfig that authenticates as ServiceAccount `namespace/name` (a TokenRequest token), to run a
-        component, e.g. the operator, with exactly the RBAC a chart grants it."""
-        token = self.kubectl("create", "token", name, "-n", namespace, f"--duration={duration}").stdout.strip()
-        path = self.workdir / f"sa-{namespace}-{name}.kubeconfig"
+        component, e.g. the operator, with exactly the RBAC a chart grants it. With `bound_pod` the token is bound
+        to that pod, as the projected token of a pod's containers is (and carries the pod's name)."""
+        bound = ["--bound-object-kind=Pod", f"--bound-object-name={bound_pod}"] if bound_pod else []
+        token = self.kubectl("create", "token", name, "-n", namespace, f"--duration={duration}", *bound).stdout.strip()
+        path = self.workdir / f"sa-{namespace}-{name}{'-' + bound_pod if bound_pod else ''}.kubeconfig"
         user = f"system:serviceaccount:{namespace}:{name}"
         return self._write_kubeconfig(path, user, {"token": token}, namespace)
 

@@ -19,6 +19,8 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ class Attempt:
     log: Path
     ray_dir: Path
     submission_id: str = ""
+    head_pod: str = ""
 
     def kill(self) -> None:
         if self.head.poll() is None:
@@ -60,7 +63,10 @@ class KubeRayRunner:
     pod_root: Path
     """Where each job's working directory and volumes live; the job runs with this as cwd."""
     pod_env: dict[str, str] = field(default_factory=dict)
-    """Extra environment of the Ray pods (e.g. KUBECONFIG standing in for in-cluster credentials)."""
+    """Extra environment of the Ray pods."""
+    head_credentials: Callable[[str], dict[str, str]] | None = None
+    """The head pod's name → the environment standing in for its in-cluster credentials (e.g. KUBECONFIG with a
+    token bound to that pod). With it each attempt gets a head Pod object (never scheduled: the head runs here)."""
     num_cpus: int = 2
     attempts: dict[str, Attempt] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -149,6 +155,25 @@ class KubeRayRunner:
         attempt = self.attempts.pop(name, None)
         if attempt:
             attempt.kill()
+            if attempt.head_pod:  # its bound token stops working with it, as on a cluster
+                try:
+                    self.core.delete_namespaced_pod(attempt.head_pod, self.namespace, grace_period_seconds=0)
+                except client.ApiException as exc:
+                    if exc.status != 404:
+                        raise
+
+    def _head_pod(self, attempt: Attempt, head: dict[str, Any]) -> str:
+        """Create the attempt's head Pod object, named as KubeRay names it (`<cluster>-head-<suffix>`)."""
+        attempt.head_pod = f"{attempt.cluster}-head-{uuid.uuid4().hex[:5]}"
+        pod = {
+            "metadata": {"name": attempt.head_pod},
+            "spec": {
+                "serviceAccountName": head.get("serviceAccountName", "default"),
+                "containers": [{"name": "ray-head", "image": head["containers"][0].get("image", "ray")}],
+            },
+        }
+        self.core.create_namespaced_pod(self.namespace, pod)
+        return attempt.head_pod
 
     # --- Ray --------------------------------------------------------------------------
 
@@ -206,6 +231,8 @@ class KubeRayRunner:
         entrypoint = self._mount_volumes(rayjob["spec"]["entrypoint"], head, container, workdir)
         env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
         env.update(self.pod_env)
+        if self.head_credentials is not None:
+            env.update(self.head_credentials(self._head_pod(attempt, head)))
         os.environ.update(RAY_ENV)
         submission = JobSubmissionClient(attempt.dashboard)
         # The dashboard answers before the head's agent has registered; KubeRay's submitter retries the same way.

@@ -112,7 +112,10 @@ def stack(cluster: Cluster, namespace: str, helm_bin: Path, tmp_path: Path) -> I
         cluster.api_client(),
         namespace,
         tmp_path / "pods",
-        pod_env={"KUBECONFIG": str(cluster.service_account_kubeconfig(namespace, TRAINER_SA)), "OMP_NUM_THREADS": "1"},
+        pod_env={"OMP_NUM_THREADS": "1"},
+        head_credentials=lambda pod: {
+            "KUBECONFIG": str(cluster.service_account_kubeconfig(namespace, TRAINER_SA, bound_pod=pod))
+        },
     )
     operator.start()
     runner.start()
