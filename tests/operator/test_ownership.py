@@ -236,3 +236,17 @@ def test_a_job_that_is_not_running_is_not_stalled() -> None:
     paused = {**new, "phase": "Suspended"}
     cleared, events = ownership.stall_status(paused, {"status": {"jobDeploymentStatus": "Suspended"}}, {})
     assert condition(cleared, "Stalled")["status"] == "False" and events == []
+
+
+def test_an_rljob_whose_create_handler_was_lost_gets_its_rayjob_from_the_resync() -> None:
+    api, events = FakeApi(), Events()
+    rljob(api, "young")
+    rljob(api, "lost")
+    now = datetime.now(UTC)
+    api.objects[("rljob", "young")]["metadata"]["creationTimestamp"] = (now - timedelta(seconds=10)).isoformat()
+    api.objects[("rljob", "lost")]["metadata"]["creationTimestamp"] = (
+        now - timedelta(seconds=ownership.CREATE_GRACE_SECONDS + 5)
+    ).isoformat()
+    assert resync(api, events, "young") is False and ("rayjob", "young") not in api.objects  # the handler's turn
+    assert resync(api, events, "lost") is True
+    assert ("rayjob", "lost") in api.objects and stored(api, "lost")["status"]["rayJobName"] == "lost"

@@ -31,10 +31,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import kopf
+
 from kuberl.api.contract import timestamp
 from kuberl.api.spec import DEFAULT_STALL_TIMEOUT_SECONDS
 from kuberl.api.status import TERMINAL_PHASES, ConditionType, Phase
-from kuberl.operator.reconcile import Api, write_status
+from kuberl.operator.reconcile import Api, ensure, write_status
 from kuberl.operator.status import (
     STALL_DEADLINE,
     Event,
@@ -209,14 +211,33 @@ def stall_status(
     return old, []
 
 
+CREATE_GRACE_SECONDS = 60.0
+"""How long the create handler has to give an RLJob its RayJob before the resync does it instead."""
+
+
 def resync(api: Api, rljob: dict[str, Any], *, progress_timeout: float, post_event: PostEvent) -> bool:
     """Recompute one RLJob's status (a net for a missed watch event, a forged write, a silent trainer); True when
-    it wrote."""
+    it wrote. An RLJob still without its RayJob after CREATE_GRACE_SECONDS gets it here: its create handler was
+    lost (seen when an RLJob is deleted and created again under the same name at once: the new object's create
+    handler failed temporarily, waiting for the old children's garbage collection, and kopf never ran it again)."""
     meta, status = rljob["metadata"], rljob.get("status") or {}
     if meta.get("deletionTimestamp"):
         return False
     if not status.get("rayJobName") and status.get("phase") not in TERMINAL_PHASES:
-        return False  # the create handler has not finished; it writes the status itself
+        created = _parse(meta.get("creationTimestamp"))
+        if created is None or (datetime.now(UTC) - created).total_seconds() < CREATE_GRACE_SECONDS:
+            return False  # the create handler is on it; it writes the status itself
+        log.warning(
+            "RLJob %s/%s has no RayJob %.0f s after creation; creating it",
+            meta["namespace"],
+            meta["name"],
+            (datetime.now(UTC) - created).total_seconds(),
+        )
+        try:
+            ensure(api, rljob)
+        except (kopf.TemporaryError, kopf.PermanentError) as exc:  # refused or not yet possible: status says why
+            log.warning("RLJob %s/%s: %s", meta["namespace"], meta["name"], exc)
+        return True
     cluster = (rljob.get("spec") or {}).get("cluster") or {}
     account = cluster.get("serviceAccountName") or api.trust.trainer_service_account
     events: list[Event] = []
