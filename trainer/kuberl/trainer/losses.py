@@ -46,7 +46,6 @@ def agg_loss(
     batch_tokens: float,
     batch_seqs: float,
     loss_scale_factor: float | None = None,
-    token_weights: Tensor | None = None,
 ) -> Tensor:
     """This micro-batch's share of the mini-batch loss.
 
@@ -56,13 +55,9 @@ def agg_loss(
     as verl's ``agg_loss``: a constant divisor and no division by the sequence count, so the loss grows with
     the mini-batch. The factor defaults to T; pass it (verl: the response length) when micro-batches are
     trimmed to different lengths.
-
-    ``token_weights`` (``(B, T)``, e.g. :func:`rollout_is_weights`) multiply each token's loss; the token and
-    sequence counts the modes divide by stay those of ``mask``.
     """
     mask = mask.to(loss_mat.dtype)
-    weighted = mask if token_weights is None else mask * token_weights.to(loss_mat.dtype)
-    token_sums = (loss_mat * weighted).sum(-1)
+    token_sums = (loss_mat * mask).sum(-1)
     if mode == "token-mean":
         return token_sums.sum() / batch_tokens
     if mode == "seq-mean-token-sum":
@@ -73,6 +68,12 @@ def agg_loss(
         scale = loss_mat.shape[-1] if loss_scale_factor is None else loss_scale_factor
         return token_sums.sum() / scale
     raise ValueError(f"unknown loss aggregation mode {mode!r}; valid modes: {', '.join(LOSS_AGG_MODES)}")
+
+
+def weighted(losses: Tensor, token_weights: Tensor | None) -> Tensor:
+    """Per-token losses times ``token_weights`` (e.g. :func:`rollout_is_weights`), before aggregation: the token and
+    sequence counts :func:`agg_loss` divides by stay those of the mask."""
+    return losses if token_weights is None else losses * token_weights.to(losses.dtype)
 
 
 def rollout_is_ratio(old_log_probs: Tensor, rollout_log_probs: Tensor) -> Tensor:
@@ -247,13 +248,12 @@ def vanilla(
     negative = advantages < 0
     losses = torch.where(negative, torch.minimum(clip_loss, dual_bound), clip_loss)
     loss = agg_loss(
-        losses,
+        weighted(losses, rollout_is_weights),
         mask,
         agg_mode,
         batch_tokens=batch_tokens,
         batch_seqs=batch_seqs,
         loss_scale_factor=loss_scale_factor,
-        token_weights=rollout_is_weights,
     )
     return loss, _metrics(mask, clipped > unclipped, negative & (clip_loss > dual_bound), -log_ratio)
 
@@ -288,13 +288,12 @@ def gspo(
     clipped = -advantages * seq_ratio.clamp(1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high)
     losses = torch.maximum(unclipped, clipped)
     loss = agg_loss(
-        losses,
+        weighted(losses, rollout_is_weights),
         mask,
         agg_mode,
         batch_tokens=batch_tokens,
         batch_seqs=batch_seqs,
         loss_scale_factor=loss_scale_factor,
-        token_weights=rollout_is_weights,
     )
     return loss, _metrics(mask, clipped > unclipped, None, -log_ratio)
 
@@ -319,13 +318,12 @@ def gpg(
     """
     losses = -advantages * log_probs
     loss = agg_loss(
-        losses,
+        weighted(losses, rollout_is_weights),
         mask,
         agg_mode,
         batch_tokens=batch_tokens,
         batch_seqs=batch_seqs,
         loss_scale_factor=loss_scale_factor,
-        token_weights=rollout_is_weights,
     )
     return loss, _metrics(mask, None, None, torch.zeros_like(log_probs))
 
@@ -368,13 +366,12 @@ def clip_cov(
         detached = torch.zeros_like(valid).flatten().index_fill_(0, chosen, True).view_as(valid)
     losses = torch.maximum(unclipped, clipped) * (~detached).to(log_probs.dtype)
     loss = agg_loss(
-        losses,
+        weighted(losses, rollout_is_weights),
         mask,
         agg_mode,
         batch_tokens=batch_tokens,
         batch_seqs=batch_seqs,
         loss_scale_factor=loss_scale_factor,
-        token_weights=rollout_is_weights,
     )
     return loss, _metrics(mask, detached, None, -log_ratio)
 
@@ -412,13 +409,12 @@ def kl_cov(
         penalised = torch.zeros_like(valid).flatten().index_fill_(0, index[top], True).view_as(valid)
     losses = torch.where(penalised, pg_losses + config.ppo_kl_coef * abs_kl, pg_losses)
     loss = agg_loss(
-        losses,
+        weighted(losses, rollout_is_weights),
         mask,
         agg_mode,
         batch_tokens=batch_tokens,
         batch_seqs=batch_seqs,
         loss_scale_factor=loss_scale_factor,
-        token_weights=rollout_is_weights,
     )
     return loss, _metrics(mask, None, None, abs_kl)
 
@@ -485,13 +481,12 @@ def cispo(
     weight = ratio.clamp(1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high)
     losses = -weight.detach() * advantages * log_probs
     loss = agg_loss(
-        losses,
+        weighted(losses, rollout_is_weights),
         mask,
         agg_mode,
         batch_tokens=batch_tokens,
         batch_seqs=batch_seqs,
         loss_scale_factor=loss_scale_factor,
-        token_weights=rollout_is_weights,
     )
     return loss, _metrics(mask, ratio != weight, None, -log_ratio)
 
