@@ -82,18 +82,28 @@ def test_sequence_means_divide_by_the_token_count_not_the_weights() -> None:
 
 @pytest.mark.parametrize("mode", sorted(set(POLICY_LOSSES) - {"geo_mean"}))
 def test_every_per_token_loss_takes_the_weights(mode: str) -> None:
-    """Weights of 1 leave each loss as it is; weights of 2 double it (no clip-cov token is detached at this size)."""
+    """Weights of 1 leave each loss as it is; weights of 2 double it (clip_cov draws the same tokens each time)."""
     log_probs = OLD + torch.tensor([[0.1, -0.05, 0.3], [-0.2, 0.02, 0.0]])
-    args = (log_probs, OLD, ADV, MASK)
-    kw = {"config": PolicyLossConfig(loss_mode=mode), "agg_mode": "token-mean", "batch_tokens": 5.0, "batch_seqs": 2.0}
-    torch.manual_seed(0)
-    plain, _ = policy_loss(*args, **kw)  # type: ignore[arg-type]
-    torch.manual_seed(0)
-    ones, _ = policy_loss(*args, **kw, rollout_is_weights=torch.ones_like(MASK))  # type: ignore[arg-type]
-    torch.manual_seed(0)
-    twos, _ = policy_loss(*args, **kw, rollout_is_weights=2 * torch.ones_like(MASK))  # type: ignore[arg-type]
-    close(ones, float(plain))
-    close(twos, 2 * float(plain))
+
+    def loss(weights: torch.Tensor | None) -> float:
+        torch.manual_seed(0)
+        value, _ = policy_loss(
+            log_probs,
+            OLD,
+            ADV,
+            MASK,
+            config=PolicyLossConfig(loss_mode=mode),
+            agg_mode="token-mean",
+            batch_tokens=5.0,
+            batch_seqs=2.0,
+            rollout_is_weights=weights,
+        )
+        return float(value)
+
+    plain = loss(None)
+    assert abs(plain) > 1e-3
+    close(loss(torch.ones_like(MASK)), plain)
+    close(loss(2 * torch.ones_like(MASK)), 2 * plain)
 
 
 def test_geo_mean_refuses_token_weights() -> None:
