@@ -522,6 +522,30 @@ INVALID_CASES: list[InvalidCase] = [
         "clipCovLb = 5",
     ),
     _case(
+        "rollout-correction-without-rollout-log-probs",
+        "spec.algorithm.rolloutCorrection.enabled",
+        "rollout-correction-needs-rollout-log-probs",
+        _set("spec.algorithm.rolloutCorrection", {"enabled": True}),
+        "rollout.calculateLogProbs is false",
+    ),
+    _case(
+        "rollout-correction-with-geo-mean",
+        "spec.algorithm.rolloutCorrection.enabled",
+        "rollout-correction-token-loss",
+        _all(
+            _set("spec.rollout.calculateLogProbs", True),
+            _set("spec.algorithm.rolloutCorrection", {"enabled": True}),
+            _set("spec.algorithm.policyLoss", {"lossMode": "geo_mean"}),
+        ),
+        "lossMode geo_mean",
+    ),
+    _case(
+        "rollout-correction-threshold-one",
+        "spec.algorithm.rolloutCorrection.threshold",
+        "schema",
+        _set("spec.algorithm.rolloutCorrection", {"enabled": True, "threshold": 1.0}),
+    ),
+    _case(
         "unknown-policy-loss",
         "spec.algorithm.policyLoss.lossMode",
         "schema",

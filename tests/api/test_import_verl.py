@@ -250,6 +250,24 @@ def test_dapo_run_imports_dynamic_sampling_and_the_overlong_penalty() -> None:
     assert spec["trainer"]["resume"] == "disable" and spec["trainer"]["valBeforeTrain"] is True
 
 
+def test_rollout_importance_sampling_is_imported_and_its_other_modes_are_listed() -> None:
+    imported = to_rljob(
+        {
+            "actor_rollout_ref.rollout.calculate_log_probs": True,
+            "algorithm.rollout_is": True,
+            "algorithm.rollout_is_threshold": 3.0,
+            "algorithm.rollout_is_mode": "mask",
+            "actor_rollout_ref.actor.tis_imp_ratio_cap": 2.0,
+        }
+    )
+    spec = imported.document["spec"]
+    assert spec["algorithm"]["rolloutCorrection"] == {"enabled": True, "threshold": 3.0}
+    assert spec["rollout"]["calculateLogProbs"] is True
+    reasons = {key: reason for key, _, reason in imported.unmapped}
+    assert "truncate mode only" in reasons["algorithm.rollout_is_mode"]
+    assert "threshold: the cap" in reasons["actor_rollout_ref.actor.tis_imp_ratio_cap"]
+
+
 def test_global_micro_batch_is_divided_by_the_trainer_gpus() -> None:
     imported = to_rljob({"actor_rollout_ref.actor.ppo_micro_batch_size": 128, "trainer.n_gpus_per_node": 8})
     assert imported.document["spec"]["batch"]["ppoMicroBatchSizePerGPU"] == 16

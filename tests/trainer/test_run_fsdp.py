@@ -1,6 +1,7 @@
 """GRPO and PPO (GAE with a critic) run end to end with 2 FSDP2 ranks on gloo, on an embedded local Ray."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,30 @@ def test_one_mini_batch_one_epoch_skips_the_old_log_prob_pass(tmp_path, local_ra
         assert r["actor/entropy"] > 0
         # the update's log-probs, read back from both ranks in row order, are what the rollout sampled from
         assert r["training/rollout_probs_diff_max"] < 1e-3
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mini_batch", [2, 4], ids=["old-log-prob-pass", "old-log-probs-from-update"])
+def test_rollout_correction_weighs_the_update_and_reports_its_weights(tmp_path, local_ray, mini_batch):
+    """The update reads the rollout's log-probs (a missing key fails the step) with the old log-probs of a separate
+    pass or of its own forward; on CPU the hf engine and the trainer compute the same float32 probabilities, so
+    every weight is 1 and none is capped."""
+    spec = tiny_spec(
+        tmp_path,
+        **{
+            "rollout.calculateLogProbs": True,
+            "batch.ppoMiniBatchSize": mini_batch,
+            "algorithm.rolloutCorrection": {"enabled": True, "threshold": 1.5},
+        },
+    )
+    records = run(tmp_path, spec, f"grpo-rollout-is-{mini_batch}")
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        assert ("timing_s/old_log_prob" in r) == (mini_batch == 2)
+        assert abs(r["mismatch/rollout_is_mean"] - 1.0) < 1e-3
+        assert abs(r["mismatch/rollout_is_max"] - 1.0) < 1e-3 and abs(r["mismatch/rollout_is_min"] - 1.0) < 1e-3
+        assert r["mismatch/rollout_is_ratio_fraction_high"] == 0.0
+        assert math.isfinite(r["actor/pg_loss"])
 
 
 @pytest.mark.timeout(300)

@@ -226,6 +226,46 @@ def test_an_update_without_old_log_probs_takes_them_from_its_own_forward(local_r
 
 
 @pytest.mark.timeout(300)
+def test_the_rollout_correction_weighs_each_tokens_loss_in_the_update(local_ray):
+    """Rollout log-probs that put π_old/π_rollout at 2 on even response positions and 0.5 on odd ones give weights
+    1.5 (capped) and 0.5; vanilla PPO's token loss is positively homogeneous in A, so the corrected update equals an
+    uncorrected one on advantages A·w: the same loss and the same weights after the step. Ignoring the weights (or
+    weighting the wrong tokens) changes the gradient's direction and fails the comparison."""
+    import math
+
+    from kuberl.trainer.step_metrics import reduce_update_metrics
+
+    rows = fixed_rows()
+    keys = ("prompts", "prompt_mask", "responses", "response_mask")
+    shards = [{k: rows[k][i * 4 : (i + 1) * 4] for k in keys} for i in range(2)]
+    totals = [{"tokens": float(rows["response_mask"].sum()), "seqs": 8.0}]
+    even = (torch.arange(rows["responses"].shape[1]) % 2 == 0).expand_as(rows["advantages"])
+    results = {}
+    for corrected in (True, False):
+        spec = spec_for(2, ppoMicroBatchSizePerGPU=2)
+        spec.algorithm.rollout_correction.enabled = corrected
+        spec.algorithm.rollout_correction.threshold = 1.5
+        group = Group(spec)
+        try:
+            given = dict(rows)
+            old = torch.cat([o["log_probs"] for o in group.group.each("compute_log_probs", [(s,) for s in shards])])
+            given["old_log_probs"] = old
+            if corrected:
+                given["rollout_log_probs"] = torch.where(even, old - math.log(2.0), old + math.log(2.0))
+            else:
+                given["advantages"] = rows["advantages"] * torch.where(even, 1.5, 0.5)
+            mine = shard_mini_batches(given, mini_batch_rows=8, dp=2)
+            metrics = reduce_update_metrics(group.group.each("update", [(m, totals) for m in mine]), "actor")
+            results[corrected] = (metrics["actor/pg_loss"], group.group.all("full_weights")[0])
+        finally:
+            group.close()
+    assert results[True][0] != 0.0
+    assert results[True][0] == pytest.approx(results[False][0], rel=1e-5, abs=1e-7)
+    for name, tensor in results[False][1].items():
+        torch.testing.assert_close(results[True][1][name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.timeout(300)
 def test_non_finite_steps_are_skipped_counted_and_fail_after_the_limit_in_a_row(local_ray):
     """NaN advantages (a reward that was inf before the finiteness check) make the gradient norm NaN: the step is
     skipped and counted, a finite step resets the run, and maxConsecutiveSkippedSteps in a row fail the update."""

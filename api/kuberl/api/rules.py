@@ -489,6 +489,23 @@ RULES: tuple[Rule, ...] = (
         "${self.algorithm.policyLoss.clipCovUb}: no token could be detached",
         verl="ours",
     ),
+    # --- rollout correction (issue 17) ---
+    Rule(
+        id="rollout-correction-needs-rollout-log-probs",
+        field="algorithm.rolloutCorrection.enabled",
+        rule="!self.algorithm.rolloutCorrection.enabled || self.rollout.calculateLogProbs",
+        message="algorithm.rolloutCorrection weighs each token by the trainer's over the rollout engine's "
+        "probability, but rollout.calculateLogProbs is false; set it to true",
+        verl="ours",
+    ),
+    Rule(
+        id="rollout-correction-token-loss",
+        field="algorithm.rolloutCorrection.enabled",
+        rule="!self.algorithm.rolloutCorrection.enabled || self.algorithm.policyLoss.lossMode != 'geo_mean'",
+        message="algorithm.rolloutCorrection weighs per-token losses, but algorithm.policyLoss.lossMode geo_mean "
+        "has one loss per sequence; use another loss or disable the correction",
+        verl="ours",
+    ),
     # --- security (docs/security.md): secrets are referenced, never copied; the spec stays small -----------------
     Rule(
         id="no-literal-credentials",

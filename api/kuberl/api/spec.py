@@ -160,6 +160,26 @@ class FilterGroups(SpecModel):
     )
 
 
+# --- algorithm: rollout correction (issue 17) ---------------------------------------
+
+
+class RolloutCorrection(SpecModel):
+    enabled: bool = Field(
+        False,
+        description="Truncated importance sampling of the policy loss (verl's algorithm.rollout_is, token level, "
+        "truncate mode): each token's loss is multiplied by min(π_old/π_rollout, threshold), the trainer's "
+        "probability of the sampled token over the rollout engine's, without gradient. Needs "
+        "rollout.calculateLogProbs.",
+    )
+    threshold: float = Field(
+        2.0,
+        gt=1,
+        le=100,
+        description="Cap of the token weights (verl's algorithm.rollout_is_threshold; verl recommends 1.5-5 at "
+        "token level).",
+    )
+
+
 # --- algorithm ---------------------------------------------------------------------
 
 
@@ -185,6 +205,10 @@ class Algorithm(SpecModel):
     policy_loss: PolicyLoss = Field(default_factory=PolicyLoss, description="Which policy loss, and its knobs.")
     filter_groups: FilterGroups = Field(
         default_factory=FilterGroups, description="DAPO dynamic sampling (verl's algorithm.filter_groups)."
+    )
+    rollout_correction: RolloutCorrection = Field(
+        default_factory=RolloutCorrection,
+        description="Importance-sampling correction of the mismatch between the rollout engine and the trainer.",
     )
 
 

@@ -211,6 +211,21 @@ VERL_KEYS: list[VerlKey] = [
         "algorithm.filterGroups.maxNumGenBatches",
         "0 (unbounded) is not offered",
     ),
+    _key("algorithm.rollout_is", "algorithm.rolloutCorrection.enabled", "the weights multiply the policy loss"),
+    _key(
+        "algorithm.rollout_is_threshold",
+        "algorithm.rolloutCorrection.threshold",
+        "the metrics come with rolloutCorrection.enabled (verl reports them with the threshold alone)",
+    ),
+    _key("algorithm.rollout_is_level", None, "token level only"),
+    _key("algorithm.rollout_is_mode", None, "truncate mode only (TIS); no rejection sampling"),
+    _key("algorithm.rollout_is_threshold_lower", None, "truncate mode has no lower bound"),
+    _key("algorithm.rollout_is_veto_threshold", None, "no veto: sequences are never dropped"),
+    _key(
+        f"{ARR}.actor.tis_imp_ratio_cap",
+        None,
+        "verl's earlier name: algorithm.rolloutCorrection {enabled: true, threshold: the cap}",
+    ),
     # critic
     _key("critic.model.path", "critic.modelPath", "a bare hub id becomes hf://ORG/NAME", model_source=True),
     _key("critic.optim.lr", "critic.optim.lr"),

@@ -70,6 +70,45 @@ def agg_loss(
     raise ValueError(f"unknown loss aggregation mode {mode!r}; valid modes: {', '.join(LOSS_AGG_MODES)}")
 
 
+def weighted(losses: Tensor, token_weights: Tensor | None) -> Tensor:
+    """Per-token losses times ``token_weights`` (e.g. :func:`rollout_is_weights`), before aggregation: the token and
+    sequence counts :func:`agg_loss` divides by stay those of the mask."""
+    return losses if token_weights is None else losses * token_weights.to(losses.dtype)
+
+
+def rollout_is_ratio(old_log_probs: Tensor, rollout_log_probs: Tensor) -> Tensor:
+    """π_old/π_rollout per token: the trainer's probability of each sampled token over the rollout engine's,
+    exp of the log ratio clamped to ±20 so that a far-off token cannot overflow (verl's safety bound)."""
+    return torch.exp((old_log_probs - rollout_log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+
+def rollout_is_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor, threshold: float) -> Tensor:
+    """Truncated importance weights (verl's token-level ``rollout_is`` in truncate mode, TIS):
+    min(π_old/π_rollout, threshold), 0 at padding, without gradient.
+
+    The rollout engine samples from its own numerics (bf16, other kernels), not from the trainer's π_old; the
+    weights turn the policy gradient back into one of samples from π_old, and the cap bounds its variance.
+    """
+    with torch.no_grad():
+        ratio = rollout_is_ratio(old_log_probs.detach(), rollout_log_probs)
+        return ratio.clamp(max=threshold) * mask.to(ratio.dtype)
+
+
+def rollout_is_metrics(
+    old_log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor, threshold: float
+) -> dict[str, float]:
+    """verl's ``mismatch/rollout_is_*`` metrics over the valid tokens: the mean, max and min of π_old/π_rollout
+    before the cap, and the share of tokens the cap lowered."""
+    ratio = rollout_is_ratio(old_log_probs, rollout_log_probs)
+    valid = ratio[mask.bool()]
+    return {
+        "mismatch/rollout_is_mean": valid.mean().item(),
+        "mismatch/rollout_is_max": valid.max().item(),
+        "mismatch/rollout_is_min": valid.min().item(),
+        "mismatch/rollout_is_ratio_fraction_high": (valid > threshold).float().mean().item(),
+    }
+
+
 @dataclass(frozen=True)
 class PolicyLossConfig:
     """The knobs of the registered policy losses (spec ``algorithm`` and ``algorithm.policyLoss``), decided once."""
@@ -115,6 +154,7 @@ class PolicyLossFn(Protocol):
         batch_tokens: float,
         batch_seqs: float,
         loss_scale_factor: float | None = None,
+        rollout_is_weights: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]: ...
 
 
@@ -144,6 +184,7 @@ def policy_loss(
     batch_tokens: float,
     batch_seqs: float,
     loss_scale_factor: float | None = None,
+    rollout_is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Run the policy loss registered as ``config.loss_mode``."""
     if config.loss_mode not in POLICY_LOSSES:
@@ -159,6 +200,7 @@ def policy_loss(
         batch_tokens=batch_tokens,
         batch_seqs=batch_seqs,
         loss_scale_factor=loss_scale_factor,
+        rollout_is_weights=rollout_is_weights,
     )
 
 
@@ -185,6 +227,7 @@ def vanilla(
     batch_tokens: float,
     batch_seqs: float,
     loss_scale_factor: float | None = None,
+    rollout_is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate (Schulman et al. 2017, arXiv 1707.06347) with dual clip.
 
@@ -205,7 +248,12 @@ def vanilla(
     negative = advantages < 0
     losses = torch.where(negative, torch.minimum(clip_loss, dual_bound), clip_loss)
     loss = agg_loss(
-        losses, mask, agg_mode, batch_tokens=batch_tokens, batch_seqs=batch_seqs, loss_scale_factor=loss_scale_factor
+        weighted(losses, rollout_is_weights),
+        mask,
+        agg_mode,
+        batch_tokens=batch_tokens,
+        batch_seqs=batch_seqs,
+        loss_scale_factor=loss_scale_factor,
     )
     return loss, _metrics(mask, clipped > unclipped, negative & (clip_loss > dual_bound), -log_ratio)
 
@@ -222,6 +270,7 @@ def gspo(
     batch_tokens: float,
     batch_seqs: float,
     loss_scale_factor: float | None = None,
+    rollout_is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO (Zheng et al. 2025, arXiv 2507.18071): one importance ratio per sequence, clipped per sequence.
 
@@ -239,7 +288,12 @@ def gspo(
     clipped = -advantages * seq_ratio.clamp(1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high)
     losses = torch.maximum(unclipped, clipped)
     loss = agg_loss(
-        losses, mask, agg_mode, batch_tokens=batch_tokens, batch_seqs=batch_seqs, loss_scale_factor=loss_scale_factor
+        weighted(losses, rollout_is_weights),
+        mask,
+        agg_mode,
+        batch_tokens=batch_tokens,
+        batch_seqs=batch_seqs,
+        loss_scale_factor=loss_scale_factor,
     )
     return loss, _metrics(mask, clipped > unclipped, None, -log_ratio)
 
@@ -256,6 +310,7 @@ def gpg(
     batch_tokens: float,
     batch_seqs: float,
     loss_scale_factor: float | None = None,
+    rollout_is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GPG (Chu et al. 2025, arXiv 2504.02546): plain policy gradient L = −A·log π, no ratio and no clip.
 
@@ -263,7 +318,12 @@ def gpg(
     """
     losses = -advantages * log_probs
     loss = agg_loss(
-        losses, mask, agg_mode, batch_tokens=batch_tokens, batch_seqs=batch_seqs, loss_scale_factor=loss_scale_factor
+        weighted(losses, rollout_is_weights),
+        mask,
+        agg_mode,
+        batch_tokens=batch_tokens,
+        batch_seqs=batch_seqs,
+        loss_scale_factor=loss_scale_factor,
     )
     return loss, _metrics(mask, None, None, torch.zeros_like(log_probs))
 
@@ -280,6 +340,7 @@ def clip_cov(
     batch_tokens: float,
     batch_seqs: float,
     loss_scale_factor: float | None = None,
+    rollout_is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clip-Cov (Cui et al. 2025, arXiv 2505.22617): detach the gradient of a few high-covariance tokens.
 
@@ -305,7 +366,12 @@ def clip_cov(
         detached = torch.zeros_like(valid).flatten().index_fill_(0, chosen, True).view_as(valid)
     losses = torch.maximum(unclipped, clipped) * (~detached).to(log_probs.dtype)
     loss = agg_loss(
-        losses, mask, agg_mode, batch_tokens=batch_tokens, batch_seqs=batch_seqs, loss_scale_factor=loss_scale_factor
+        weighted(losses, rollout_is_weights),
+        mask,
+        agg_mode,
+        batch_tokens=batch_tokens,
+        batch_seqs=batch_seqs,
+        loss_scale_factor=loss_scale_factor,
     )
     return loss, _metrics(mask, detached, None, -log_ratio)
 
@@ -322,6 +388,7 @@ def kl_cov(
     batch_tokens: float,
     batch_seqs: float,
     loss_scale_factor: float | None = None,
+    rollout_is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """KL-Cov (Cui et al. 2025, arXiv 2505.22617): a KL penalty on the highest-covariance tokens.
 
@@ -342,7 +409,12 @@ def kl_cov(
         penalised = torch.zeros_like(valid).flatten().index_fill_(0, index[top], True).view_as(valid)
     losses = torch.where(penalised, pg_losses + config.ppo_kl_coef * abs_kl, pg_losses)
     loss = agg_loss(
-        losses, mask, agg_mode, batch_tokens=batch_tokens, batch_seqs=batch_seqs, loss_scale_factor=loss_scale_factor
+        weighted(losses, rollout_is_weights),
+        mask,
+        agg_mode,
+        batch_tokens=batch_tokens,
+        batch_seqs=batch_seqs,
+        loss_scale_factor=loss_scale_factor,
     )
     return loss, _metrics(mask, None, None, abs_kl)
 
@@ -359,6 +431,7 @@ def geo_mean(
     batch_tokens: float,
     batch_seqs: float,
     loss_scale_factor: float | None = None,
+    rollout_is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GMPO (Zhao et al. 2025, arXiv 2507.20673): the geometric mean of the token ratios, clipped per token.
 
@@ -368,6 +441,8 @@ def geo_mean(
     whatever ``agg_mode`` says (verl's loss is a mean over sequences). ``pg_clipfrac`` /
     ``pg_clipfrac_lower``: share of tokens whose δ was outside the band, with A > 0 / A < 0.
     """
+    if rollout_is_weights is not None:
+        raise ValueError("geo_mean has one loss per sequence: token-level rollout importance weights do not apply")
     mask_f = mask.to(log_probs.dtype)
     log_ratio = log_probs - old_log_probs
     sign = torch.sign(advantages)
@@ -393,6 +468,7 @@ def cispo(
     batch_tokens: float,
     batch_seqs: float,
     loss_scale_factor: float | None = None,
+    rollout_is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (MiniMax-M1, arXiv 2506.13585): clip the importance weight, not the update.
 
@@ -405,7 +481,12 @@ def cispo(
     weight = ratio.clamp(1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high)
     losses = -weight.detach() * advantages * log_probs
     loss = agg_loss(
-        losses, mask, agg_mode, batch_tokens=batch_tokens, batch_seqs=batch_seqs, loss_scale_factor=loss_scale_factor
+        weighted(losses, rollout_is_weights),
+        mask,
+        agg_mode,
+        batch_tokens=batch_tokens,
+        batch_seqs=batch_seqs,
+        loss_scale_factor=loss_scale_factor,
     )
     return loss, _metrics(mask, ratio != weight, None, -log_ratio)
 

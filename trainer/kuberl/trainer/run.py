@@ -284,6 +284,7 @@ class Trainer:
             with timer("update_actor"):
                 keys = ("advantages",) + (() if fused else ("old_log_probs",))
                 keys += ("ref_log_probs",) if self.spec.algorithm.kl.loss.enabled else ()
+                keys += ("rollout_log_probs",) if self.spec.algorithm.rollout_correction.enabled else ()
                 metrics.update(self.update(self.actor, rows, keys, "actor"))
                 if fused:  # the old log-probs and entropy of the update's own forward, rows in rank order
                     parts = self.actor.all("update_outputs")
@@ -332,6 +333,7 @@ class Trainer:
         self, batch: Rollouts, token_rewards: Tensor, entropy: Tensor | None, timer: Timer
     ) -> dict[str, float]:
         """The step's data (scores, rewards, lengths, entropy, KL) and throughput (tokens/s, MFU) metrics."""
+        correction = self.spec.algorithm.rollout_correction
         data = data_metrics(
             batch.rows,
             batch.scores,
@@ -340,6 +342,7 @@ class Trainer:
             batch.extra_metrics(),
             max_response_length=self.spec.data.max_response_length,
             kl_coef=self.kl_coef(),
+            rollout_is_threshold=correction.threshold if correction.enabled else None,
         )
         perf = perf_metrics(
             batch.rows,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from kuberl.trainer.losses import masked_mean
+from kuberl.trainer.losses import masked_mean, rollout_is_metrics
 from kuberl.trainer.metrics import Timer
 from kuberl.trainer.microbatch import Rows
 
@@ -19,9 +19,11 @@ def data_metrics(
     *,
     max_response_length: int,
     kl_coef: float | None,
+    rollout_is_threshold: float | None = None,
 ) -> dict[str, float]:
     """verl's data metrics of one step: scores, rewards, advantages, returns, values, lengths, rollout numerics.
-    ``kl_coef``: the KL coefficient in use (loss or reward), None without KL."""
+    ``kl_coef``: the KL coefficient in use (loss or reward), None without KL. ``rollout_is_threshold``: the cap of
+    the rollout importance weights (``algorithm.rolloutCorrection``), None when the correction is off."""
     mask = rows["response_mask"].float()
     resp_len = mask.sum(-1)
     prompt_len = rows["prompt_mask"].float().sum(-1)
@@ -58,6 +60,8 @@ def data_metrics(
         diff = (rows["old_log_probs"].exp() - rows["rollout_log_probs"].exp()).abs()
         m["training/rollout_probs_diff_mean"] = masked_mean(diff, mask).item()
         m["training/rollout_probs_diff_max"] = diff[mask.bool()].max().item()
+        if rollout_is_threshold is not None:  # the weights the update applied: the same old and rollout log-probs
+            m.update(rollout_is_metrics(rows["old_log_probs"], rows["rollout_log_probs"], mask, rollout_is_threshold))
     if kl_coef is not None:
         m["actor/kl_coef"] = kl_coef
     m.update(extra)

@@ -441,10 +441,11 @@ class ActorWorker(DistributedWorker):
         """The PPO clipped policy loss, minus the entropy bonus, plus the KL loss when enabled.
 
         Without ``old_log_probs`` in the rows (:attr:`ExecutionPlan.old_log_probs_from_update`) they are this
-        forward's, detached, and go back to the driver with the entropy as :attr:`MicroLoss.outputs`.
+        forward's, detached, and go back to the driver with the entropy as :attr:`MicroLoss.outputs`. With
+        ``algorithm.rolloutCorrection`` each token's policy loss is weighted by its truncated π_old/π_rollout.
         """
         from kuberl.trainer.kl import kl_penalty
-        from kuberl.trainer.losses import PolicyLossConfig, agg_loss, policy_loss
+        from kuberl.trainer.losses import PolicyLossConfig, agg_loss, policy_loss, rollout_is_weights
 
         algo = self.spec.algorithm
         kl_loss = algo.kl.loss
@@ -458,6 +459,12 @@ class ActorWorker(DistributedWorker):
         log_probs = out["log_probs"]
         old_log_probs = log_probs.detach() if fused else mb["old_log_probs"]
         mask = mb["response_mask"].float()
+        correction = algo.rollout_correction
+        weights = (
+            rollout_is_weights(old_log_probs, mb["rollout_log_probs"], mask, correction.threshold)
+            if correction.enabled
+            else None
+        )
         loss, metrics = policy_loss(
             log_probs,
             old_log_probs,
@@ -465,6 +472,7 @@ class ActorWorker(DistributedWorker):
             mask,
             config=PolicyLossConfig.from_spec(algo),
             agg_mode=algo.loss_agg_mode,
+            rollout_is_weights=weights,
             **agg,
         )
         per_batch = {"pg_loss": float(loss.detach())}
