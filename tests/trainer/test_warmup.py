@@ -1,0 +1,87 @@
+"""The supervised warm-up's demonstrations are the agent loop's own trajectories; training lowers their loss and the
+saved folder loads by path."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kuberl.api.spec import Agent
+from kuberl.trainer.datagen import CALCULATOR_CALL, arithmetic
+from kuberl.trainer.models import TINY_SCHEME, load_causal_lm, tiny_tokenizer
+from kuberl.trainer.rollout.agent import AgentLoop, ObservationRenderer
+from kuberl.trainer.warmup import arithmetic_demonstration, save_policy, warm_up
+from tests.trainer.test_agent_loop import ScriptedPolicy
+
+TOKENIZER = tiny_tokenizer()
+RENDERER = ObservationRenderer(TOKENIZER, "chat_template")
+ROW = arithmetic(1, seed=0, split="train")[0]
+TINY = f"{TINY_SCHEME}llama?hidden=32&layers=1&heads=2&kv_heads=1&seed=0"
+
+
+def prompt_text(row: dict) -> str:
+    return str(TOKENIZER.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False))
+
+
+def test_a_call_demonstration_is_the_trajectory_the_agent_loop_builds() -> None:
+    demo = arithmetic_demonstration(ROW, TOKENIZER, RENDERER, call=True)
+    prompt = prompt_text(ROW)
+    product = ROW["reward_model"]["ground_truth"]
+    call = CALCULATOR_CALL.format(ROW["extra_info"]["expression"])
+    # the same turns through the real loop and the real calculator in its worker process
+    agent = AgentLoop(
+        Agent.model_validate({"tools": [{"name": "calculator"}], "maxTurns": 3}),
+        TOKENIZER,
+        eos_ids=[TOKENIZER.eos_token_id],
+        pad_id=TOKENIZER.pad_token_id,
+        max_response_length=400,
+    )
+    try:
+        prompt_ids = list(TOKENIZER.encode(prompt, add_special_tokens=False))
+        rows = agent.generate([prompt_ids], 1, ScriptedPolicy({prompt: [call + "<|im_end|>", product + "<|im_end|>"]}))
+    finally:
+        agent.close()
+    response = demo.ids[len(prompt_ids) :]
+    assert demo.ids[: len(prompt_ids)] == prompt_ids and not any(demo.loss_mask[: len(prompt_ids)])
+    assert response == rows["responses"][0].tolist()
+    # the loss covers the policy's tokens; the eos that closes the call turn is the policy's in the demonstration
+    # (so generation stops there) and the renderer's glue in the loop, which cuts the turn at the call
+    call_end = len(TOKENIZER.encode(call, add_special_tokens=False))
+    expected = rows["response_mask"][0].tolist()
+    expected[call_end] = 1
+    assert demo.loss_mask[len(prompt_ids) :] == expected
+    assert TOKENIZER.decode(response) == (
+        f"{call}<|im_end|>\n<|im_start|>tool\n{product}<|im_end|>\n<|im_start|>assistant\n{product}<|im_end|>"
+    )
+
+
+def test_a_direct_demonstration_answers_the_product_at_once() -> None:
+    demo = arithmetic_demonstration(ROW, TOKENIZER, RENDERER, call=False)
+    prompt_length = len(TOKENIZER.encode(prompt_text(ROW), add_special_tokens=False))
+    assert TOKENIZER.decode(demo.ids[prompt_length:]) == ROW["reward_model"]["ground_truth"] + "<|im_end|>"
+    assert demo.loss_mask == [0] * prompt_length + [1] * (len(demo.ids) - prompt_length)
+
+
+def test_a_row_whose_ground_truth_is_not_the_product_is_refused() -> None:
+    row = {**ROW, "reward_model": {"style": "rule", "ground_truth": "7"}}
+    with pytest.raises(ValueError, match="the ground truth is '7'; not a kuberl data arithmetic row"):
+        arithmetic_demonstration(row, TOKENIZER, RENDERER, call=True)
+
+
+def test_bad_warm_up_settings_name_the_setting() -> None:
+    model = load_causal_lm(TINY, torch.float32)
+    with pytest.raises(ValueError, match=r"call_share=1\.5"):
+        warm_up(model, TOKENIZER, [ROW], call_share=1.5, steps=1)
+
+
+def test_warm_up_lowers_the_loss_and_the_saved_folder_loads_by_path(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = load_causal_lm(TINY, torch.float32)
+    losses = warm_up(
+        model, TOKENIZER, arithmetic(8, seed=0, split="warmup"), call_share=0.5, steps=8, batch_size=4, lr=1e-2
+    )
+    assert len(losses) == 8 and losses[-1] < 0.75 * losses[0]
+    loaded = load_causal_lm(str(save_policy(model, TOKENIZER, tmp_path / "policy")), torch.float32)
+    ids = torch.tensor([TOKENIZER.encode(prompt_text(ROW), add_special_tokens=False)])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)

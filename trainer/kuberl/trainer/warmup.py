@@ -1,0 +1,119 @@
+"""Supervised warm-up of a policy on demonstrations of the calculator task (``kuberl data arithmetic``).
+
+Why: a randomly initialised tiny model never writes the 84-character call syntax, so RL on the agent task gets no
+signal. A few seconds of supervised training on demonstrations, some that call the calculator and the rest that
+answer the product directly, give a starting policy that calls the tool in part of its samples and cannot multiply
+without it; RL must then raise the call rate and the reward (tests/trainer/test_agent_learning_cpu.py).
+
+Demonstrations are token ids laid out exactly as :class:`~kuberl.trainer.rollout.agent.AgentLoop` builds a
+trajectory (the call from :data:`~kuberl.trainer.datagen.CALCULATOR_CALL`, the tool turn from the loop's own
+:class:`~kuberl.trainer.rollout.agent.ObservationRenderer`, the observation from the builtin calculator), with the
+loss on the policy's tokens only.
+"""
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from kuberl.trainer.datagen import CALCULATOR_CALL
+from kuberl.trainer.models import save_hf
+from kuberl.trainer.rollout.agent import ObservationRenderer
+from kuberl.trainer.tools import calculator
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    ids: list[int]
+    """Prompt (chat template, generation prompt included) and response."""
+    loss_mask: list[int]
+    """1 on the tokens the policy writes: the call and its turn end, the answer and its eos."""
+
+
+def arithmetic_demonstration(
+    row: dict[str, Any], tokenizer: PreTrainedTokenizerBase, renderer: ObservationRenderer, *, call: bool
+) -> Demonstration:
+    """One ``kuberl data arithmetic`` row solved with the calculator (``call``: call, tool turn, the product) or
+    answered directly (the product at once). The policy closes its call turn with eos, as a tool-calling chat model
+    does, so generation stops there; the loop keeps the call and renders the same turn end itself."""
+    text = str(tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False))
+    prompt = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    eos = [int(tokenizer.eos_token_id)]
+    expression = row["extra_info"]["expression"]
+    product = calculator(expression)
+    if product != row["reward_model"]["ground_truth"]:
+        raise ValueError(
+            f"row {row['extra_info']}: the calculator gives {product} for {expression!r}, the ground truth is "
+            f"{row['reward_model']['ground_truth']!r}; not a kuberl data arithmetic row"
+        )
+    answer = [*tokenizer.encode(product, add_special_tokens=False), *eos]
+    response: list[tuple[list[int], int]] = []
+    if call:
+        response.append(([*tokenizer.encode(CALCULATOR_CALL.format(expression), add_special_tokens=False), *eos], 1))
+        response.append((renderer.ids(product, after_eos=True), 0))
+    response.append((answer, 1))
+    ids, mask = list(prompt), [0] * len(prompt)
+    for part, policy in response:
+        ids.extend(part)
+        mask.extend([policy] * len(part))
+    return Demonstration(ids, mask)
+
+
+def batch_tensors(demonstrations: list[Demonstration], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids``, ``attention_mask`` and next-token ``labels`` (-100 where no loss)."""
+    width = max(len(d.ids) for d in demonstrations)
+    ids = torch.full((len(demonstrations), width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for i, d in enumerate(demonstrations):
+        k = len(d.ids)
+        ids[i, :k] = torch.as_tensor(d.ids)
+        attention[i, :k] = 1
+        labels[i, :k] = torch.where(torch.as_tensor(d.loss_mask).bool(), ids[i, :k], -100)
+    return ids, attention, labels
+
+
+def warm_up(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: list[dict[str, Any]],
+    *,
+    call_share: float,
+    steps: int,
+    batch_size: int = 16,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> list[float]:
+    """Train ``model`` in place on arithmetic demonstrations, ``call_share`` of them with the calculator call;
+    returns the loss per step. AdamW, constant ``lr``, demonstrations drawn with ``seed``."""
+    if not 0.0 <= call_share <= 1.0 or steps < 1 or batch_size < 1 or not rows:
+        raise ValueError(
+            f"need 0 ≤ call_share ≤ 1, steps ≥ 1, batch_size ≥ 1 and rows; got call_share={call_share}, "
+            f"steps={steps}, batch_size={batch_size}, {len(rows)} rows"
+        )
+    rng = random.Random(f"warm_up:{seed}")
+    renderer = ObservationRenderer(tokenizer, "chat_template")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        demonstrations = [
+            arithmetic_demonstration(rng.choice(rows), tokenizer, renderer, call=rng.random() < call_share)
+            for _ in range(batch_size)
+        ]
+        ids, attention, labels = batch_tensors(demonstrations, int(tokenizer.pad_token_id))
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
+def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
+    """A Hugging Face folder that ``model.path`` loads by path."""
+    return save_hf(model.state_dict(), model.config, tokenizer, str(out_dir))
