@@ -1,9 +1,7 @@
 """`kuberl run` with rollout.agent on CPU: multi-turn rows with masked observations go through the real workers
 (old log-probs with observations attended, GRPO, the update) and the agent metrics reach metrics.jsonl."""
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +9,8 @@ import pytest
 import yaml
 
 from kuberl.trainer.metrics import read_jsonl
+from tests.trainer.kuberl_cli import REPO, cli_env, run_command
 
-REPO = Path(__file__).resolve().parents[2]
 ENVIRONMENT = """
 class Echo:
     '''Answers every turn; rewards a turn that contains a digit; ends after two steps.'''
@@ -39,14 +37,9 @@ def run(tmp_path: Path, agent: dict[str, Any], steps: int = 2) -> list[dict[str,
         spec["data"][key] = [str(REPO / f) for f in spec["data"][key]]
     spec_file = tmp_path / "agent.yaml"
     spec_file.write_text(yaml.safe_dump(doc))
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(
-            [str(REPO / p) for p in ("api", "operator", "trainer")] + [os.environ.get("PYTHONPATH", "")]
-        ),
-    )
-    command = [sys.executable, "-m", "kuberl.cli", "run", str(spec_file), "--run-dir", str(tmp_path / "run")]
-    result = subprocess.run([*command, "--no-progress"], cwd=REPO, env=env, capture_output=True, text=True, timeout=580)
+    env = cli_env()
+    command = run_command(spec_file, tmp_path / "run")
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=580)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "critic/score/mean" in r]
 

@@ -5,14 +5,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.trainer.kuberl_cli import REPO, cli_env, run_command
+
 TINY = "tiny://llama?hidden=32&layers=1&heads=2&kv_heads=1&seed=0"
 
 
@@ -46,25 +45,11 @@ def test_a_stop_signal_saves_a_checkpoint_at_the_step_boundary_and_exits_128_plu
     }
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text(yaml.safe_dump(doc))
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(
-            [str(REPO / p) for p in ("api", "operator", "trainer")] + [os.environ.get("PYTHONPATH", "")]
-        ),
-    )
+    env = cli_env()
     metrics = tmp_path / "run" / "metrics.jsonl"
     # a new session, signalled as a whole, is what a terminal's Ctrl-C does to the foreground process group
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kuberl.cli",
-            "run",
-            str(spec_file),
-            "--run-dir",
-            str(tmp_path / "run"),
-            "--no-progress",
-        ],
+        run_command(str(spec_file), str(tmp_path / "run")),
         cwd=REPO,
         env=env,
         start_new_session=True,

@@ -2,9 +2,7 @@
 function that never returns fails within reward.timeoutSeconds, a score of 1e39 fails with a message naming the
 sample; onError zero within maxErrorFraction keeps training and counts the failed samples."""
 
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,8 +11,8 @@ import pytest
 import yaml
 
 from kuberl.trainer.metrics import read_jsonl
+from tests.trainer.kuberl_cli import REPO, cli_env, run_command
 
-REPO = Path(__file__).resolve().parents[2]
 FUNCTIONS = """
 import time
 
@@ -46,24 +44,10 @@ def run(tmp_path: Path, function: str, **reward: Any) -> tuple[subprocess.Comple
     )
     spec_file = tmp_path / "rljob.yaml"
     spec_file.write_text(yaml.safe_dump(doc))
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(
-            [str(REPO / p) for p in ("api", "operator", "trainer")] + [os.environ.get("PYTHONPATH", "")]
-        ),
-    )
+    env = cli_env()
     started = time.monotonic()
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kuberl.cli",
-            "run",
-            str(spec_file),
-            "--run-dir",
-            str(tmp_path / "run"),
-            "--no-progress",
-        ],
+        run_command(str(spec_file), str(tmp_path / "run")),
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -1,18 +1,15 @@
 """`kuberl run examples/tiny-cpu.yaml` trains a randomly initialised tiny Llama on the digits task and the mean
 reward rises: the whole stack (Ray, FSDP2 worker, hf rollout, rewards, GRPO, checkpoints, metrics) works."""
 
-import os
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 
 from kuberl.trainer.metrics import read_jsonl
+from tests.trainer.kuberl_cli import REPO, cli_env, run_command
 
-REPO = Path(__file__).resolve().parents[2]
 MARGIN = 0.06
 """Mean reward of the last 5 steps minus the first 5. Measured with this example: 0.194 (data.seed 1, the
 example), 0.100 and 0.094 (seeds 2 and 3)."""
@@ -25,24 +22,10 @@ def test_tiny_cpu_example_raises_the_reward(tmp_path):
     doc["spec"]["trainer"].update(checkpointDir=str(tmp_path / "ckpt"), metricsPort=0)
     spec_file = tmp_path / "tiny-cpu.yaml"
     spec_file.write_text(yaml.safe_dump(doc))
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(
-            [str(REPO / p) for p in ("api", "operator", "trainer")] + [os.environ.get("PYTHONPATH", "")]
-        ),
-    )
+    env = cli_env()
     started = time.monotonic()
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kuberl.cli",
-            "run",
-            str(spec_file),
-            "--run-dir",
-            str(tmp_path / "run"),
-            "--no-progress",
-        ],
+        run_command(str(spec_file), str(tmp_path / "run")),
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -3,7 +3,6 @@ pre-populated Hugging Face hub cache read with HF_HUB_OFFLINE=1."""
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from kuberl.trainer.models import (
     resolve,
     tiny_tokenizer,
 )
+from tests.trainer.kuberl_cli import REPO, cli_env, run_command
 
 TINY = "tiny://llama?hidden=32&layers=1&heads=2&kv_heads=1&seed=3"
 
@@ -179,33 +179,22 @@ def test_kuberl_run_trains_a_step_on_model_and_data_read_from_s3(s3: Any, tmp_pa
     """The whole path on the cluster's terms: driver and Ray workers each fetch from the S3 endpoint. The run
     folder then feeds `kuberl plot` (titled with the RLJob's name) and `kuberl export` (its latest checkpoint)."""
     import subprocess
-    import sys
 
     import yaml
 
-    repo = Path(__file__).resolve().parents[2]
     save_tiny(tmp_path / "tiny")
     s3.put(str(tmp_path / "tiny"), "models/run-policy", recursive=True)
     write_rows(digit_copy(16, seed=0, split="train"), str(tmp_path / "train.parquet"))
     s3.put(str(tmp_path / "train.parquet"), "data/run/train.parquet")
-    doc = yaml.safe_load((repo / "examples" / "tiny-cpu.yaml").read_text())
+    doc = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
     doc["spec"]["model"]["path"] = "s3://models/run-policy"
     doc["spec"]["data"].update(trainFiles=["s3://data/run/train.parquet"], valFiles=[])
     doc["spec"]["trainer"].update(totalSteps=1, testFreq=0, saveFreq=1, checkpointDir=str(tmp_path / "ckpt"))
     doc["spec"]["trainer"]["metricsPort"] = 0
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(repo / p) for p in ("api", "operator", "trainer")))
+    env = cli_env()
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kuberl.cli",
-            "run",
-            str(tmp_path / "job.yaml"),
-            "--run-dir",
-            str(tmp_path / "run"),
-            "--no-progress",
-        ],
+        run_command(str(tmp_path / "job.yaml"), str(tmp_path / "run")),
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -231,8 +220,7 @@ def test_kuberl_run_with_a_missing_s3_data_file_is_a_message(s3: Any, tmp_path: 
 
     from kuberl.cli import main
 
-    repo = Path(__file__).resolve().parents[2]
-    doc = yaml.safe_load((repo / "examples" / "tiny-cpu.yaml").read_text())
+    doc = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
     doc["spec"]["data"].update(trainFiles=["s3://data/run/absent.parquet"], valFiles=[])
     doc["spec"]["trainer"].update(testFreq=0)
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
