@@ -61,8 +61,8 @@ def run(tmp_path: Path, function: str, **reward: Any) -> tuple[subprocess.Comple
 @pytest.mark.timeout(450)
 def test_a_reward_function_that_sleeps_forever_fails_the_run_at_the_timeout(tmp_path: Path) -> None:
     result, elapsed = run(tmp_path, "sleeps_forever", timeoutSeconds=TIMEOUT)
-    assert result.returncode != 0, result.stdout[-3000:]
-    assert "RewardTimeoutError" in result.stderr, result.stderr[-3000:]
+    assert result.returncode == 1, result.stdout[-3000:]  # `kuberl run` prints the message, no traceback
+    assert "error: reward function" in result.stderr and "did not score a batch" in result.stderr, result.stderr[-3000:]
     assert f"within {TIMEOUT} s (reward.timeoutSeconds = {TIMEOUT})" in result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or not any(
         "critic/score/mean" in r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")
@@ -74,8 +74,8 @@ def test_a_reward_function_that_sleeps_forever_fails_the_run_at_the_timeout(tmp_
 @pytest.mark.timeout(450)
 def test_a_reward_of_1e39_fails_the_run_naming_the_sample(tmp_path: Path) -> None:
     result, _ = run(tmp_path, "too_big")
-    assert result.returncode != 0, result.stdout[-3000:]
-    assert "NonFiniteRewardError" in result.stderr, result.stderr[-3000:]
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "error: reward function" in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "returned 1e+39, which is inf in torch.float32 on sample 0 (data_source='kuberl/digits'" in result.stderr
 
 
