@@ -143,7 +143,7 @@ def test_install_with_the_chart_crd_is_accepted(cluster: Cluster, helm_bin: Path
     assert crd["spec"]["versions"][0]["name"] == "v1alpha1"
 
 
-def test_operator_service_account_can_reconcile_rljobs_and_cannot_list_secrets(
+def test_operator_service_account_can_reconcile_rljobs_and_cannot_touch_secrets(
     cluster: Cluster, helm_bin: Path, namespace: str, uninstall
 ):
     release = release_for(namespace)
@@ -160,10 +160,12 @@ def test_operator_service_account_can_reconcile_rljobs_and_cannot_list_secrets(
         ("create", "configmaps"),
         ("create", "events"),
         ("update", "rljobs.kuberl.io/finalizers"),
-        ("create", "secrets"),  # the per-RLJob Ray token Secret, read back by name only
+        ("delete", "rayjobs.ray.io"),  # a permanent failure or the stall deadline ends the job: no KubeRay retry
     ]:
         assert can_i(cluster, operator, verb, resource, elsewhere), f"operator cannot {verb} {resource}"
     for verb, resource in [
+        ("get", "secrets"),  # the Ray token Secret is KubeRay's (authOptions), never the operator's
+        ("create", "secrets"),
         ("list", "secrets"),
         ("watch", "secrets"),
         ("create", "pods"),
@@ -171,7 +173,6 @@ def test_operator_service_account_can_reconcile_rljobs_and_cannot_list_secrets(
         ("create", "rljobs.kuberl.io"),
         ("update", "rljobs.kuberl.io"),
         ("create", "rayclusters.ray.io"),
-        ("delete", "rayjobs.ray.io"),
         ("delete", "configmaps"),
         ("list", "namespaces"),
         ("list", "customresourcedefinitions.apiextensions.k8s.io"),
