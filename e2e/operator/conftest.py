@@ -4,6 +4,7 @@ simulator, and KubeRay's real controller."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +36,11 @@ def sim(kube) -> KubeRaySim:
     return KubeRaySim(kube)
 
 
-@pytest.fixture
-def operator(cluster: Cluster, rljob_crd: dict, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    """`python -m kuberl.operator --namespace <the test's namespace>` as admin; its log is printed on teardown."""
+@contextmanager
+def running_operator(cluster: Cluster, namespace: str, tmp_path: Path, *args: str) -> Iterator[OperatorProcess]:
+    """`python -m kuberl.operator --namespace <namespace> ARGS` as admin; its log is printed when it stops."""
     proc = OperatorProcess(
-        kubeconfig=cluster.kubeconfig,
-        log_dir=tmp_path / "operator",
-        namespaces=(namespace,),
-        extra_args=("--resync-seconds", "5", "--diagnose-seconds", "1"),
+        kubeconfig=cluster.kubeconfig, log_dir=tmp_path / "operator", namespaces=(namespace,), extra_args=args
     )
     proc.start()
     try:
@@ -50,6 +48,13 @@ def operator(cluster: Cluster, rljob_crd: dict, namespace: str, tmp_path: Path) 
     finally:
         proc.stop()
         print(proc.logs()[-20000:])
+
+
+@pytest.fixture
+def operator(cluster: Cluster, rljob_crd: dict, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The operator of the test's namespace, resyncing every 5 s and diagnosing every second."""
+    with running_operator(cluster, namespace, tmp_path, "--resync-seconds", "5", "--diagnose-seconds", "1") as proc:
+        yield proc
 
 
 TRAINER_SA = "kuberl-trainer"

@@ -14,6 +14,7 @@ import pytest
 from kubernetes import client
 
 from e2e.harness import Cluster
+from e2e.operator.conftest import running_operator
 from e2e.operator.kuberay_sim import KubeRaySim
 from e2e.operator.manifests import rljob
 from e2e.operator.process import OperatorProcess
@@ -26,23 +27,9 @@ PROGRESS_TIMEOUT_SECONDS = 3
 @pytest.fixture
 def operator(cluster: Cluster, rljob_crd: dict, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
     """The operator with a short resync period and progress timeout; its log is printed on teardown."""
-    proc = OperatorProcess(
-        kubeconfig=cluster.kubeconfig,
-        log_dir=tmp_path / "operator",
-        namespaces=(namespace,),
-        extra_args=(
-            "--resync-seconds",
-            str(RESYNC_SECONDS),
-            "--progress-timeout-seconds",
-            str(PROGRESS_TIMEOUT_SECONDS),
-        ),
-    )
-    proc.start()
-    try:
+    args = ("--resync-seconds", str(RESYNC_SECONDS), "--progress-timeout-seconds", str(PROGRESS_TIMEOUT_SECONDS))
+    with running_operator(cluster, namespace, tmp_path, *args) as proc:
         yield proc
-    finally:
-        proc.stop()
-        print(proc.logs()[-20000:])
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """`kuberl run` with rollout.agent on CPU: multi-turn rows with masked observations go through the real workers
 (old log-probs with observations attended, GRPO, the update) and the agent metrics reach metrics.jsonl."""
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +8,7 @@ import pytest
 import yaml
 
 from kuberl.trainer.metrics import read_jsonl
-from tests.trainer.kuberl_cli import REPO, cli_env, run_command
+from tests.trainer.kuberl_cli import REPO, kuberl_run
 
 ENVIRONMENT = """
 class Echo:
@@ -37,9 +36,7 @@ def run(tmp_path: Path, agent: dict[str, Any], steps: int = 2) -> list[dict[str,
         spec["data"][key] = [str(REPO / f) for f in spec["data"][key]]
     spec_file = tmp_path / "agent.yaml"
     spec_file.write_text(yaml.safe_dump(doc))
-    env = cli_env()
-    command = run_command(spec_file, tmp_path / "run")
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=580)
+    result = kuberl_run(spec_file, tmp_path / "run", timeout=580)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "critic/score/mean" in r]
 

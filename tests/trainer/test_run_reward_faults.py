@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from kuberl.trainer.metrics import read_jsonl
-from tests.trainer.kuberl_cli import REPO, cli_env, run_command
+from tests.trainer.kuberl_cli import REPO, kuberl_run
 
 FUNCTIONS = """
 import time
@@ -44,16 +44,8 @@ def run(tmp_path: Path, function: str, **reward: Any) -> tuple[subprocess.Comple
     )
     spec_file = tmp_path / "rljob.yaml"
     spec_file.write_text(yaml.safe_dump(doc))
-    env = cli_env()
     started = time.monotonic()
-    result = subprocess.run(
-        run_command(str(spec_file), str(tmp_path / "run")),
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    result = kuberl_run(spec_file, tmp_path / "run", timeout=400)
     return result, time.monotonic() - started
 
 

@@ -1,14 +1,13 @@
 """`kuberl run examples/tiny-cpu.yaml` trains a randomly initialised tiny Llama on the digits task and the mean
 reward rises: the whole stack (Ray, FSDP2 worker, hf rollout, rewards, GRPO, checkpoints, metrics) works."""
 
-import subprocess
 import time
 
 import pytest
 import yaml
 
 from kuberl.trainer.metrics import read_jsonl
-from tests.trainer.kuberl_cli import REPO, cli_env, run_command
+from tests.trainer.kuberl_cli import REPO, kuberl_run
 
 MARGIN = 0.06
 """Mean reward of the last 5 steps minus the first 5. Measured with this example: 0.194 (data.seed 1, the
@@ -22,16 +21,8 @@ def test_tiny_cpu_example_raises_the_reward(tmp_path):
     doc["spec"]["trainer"].update(checkpointDir=str(tmp_path / "ckpt"), metricsPort=0)
     spec_file = tmp_path / "tiny-cpu.yaml"
     spec_file.write_text(yaml.safe_dump(doc))
-    env = cli_env()
     started = time.monotonic()
-    result = subprocess.run(
-        run_command(str(spec_file), str(tmp_path / "run")),
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=580,
-    )
+    result = kuberl_run(spec_file, tmp_path / "run", timeout=580)
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "critic/score/mean" in r]

@@ -220,18 +220,32 @@ def _adopt_or_refuse(kind: str, existing: dict[str, Any], uid: str) -> None:
     )
 
 
+def create_or_read(
+    kind: str,
+    desired: dict[str, Any],
+    create: Callable[[str, dict[str, Any]], dict[str, Any]],
+    read: Callable[[str, str], dict[str, Any] | None],
+) -> tuple[dict[str, Any], bool]:
+    """Create `desired`; on 409 read the object that is there. (object, created)."""
+    namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
+    try:
+        return create(namespace, desired), True
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    existing = read(namespace, name)
+    if existing is None:
+        raise kopf.TemporaryError(f"{kind} {name} vanished after a conflict; retrying", delay=1)
+    return existing, False
+
+
 def ensure_configmap(api: Api, desired: dict[str, Any], uid: str, *, update: bool) -> dict[str, Any]:
     """The spec ConfigMap, created if missing; an existing one is rewritten only with `update`: together with the
     RayJob whose pods read it (`spec_follows`), never under a running Ray cluster."""
     namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
-    try:
-        return api.create_configmap(namespace, desired)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    existing = api.get_configmap(namespace, name)
-    if existing is None:
-        raise kopf.TemporaryError(f"ConfigMap {name} vanished after a conflict; retrying", delay=1)
+    existing, created = create_or_read("ConfigMap", desired, api.create_configmap, api.get_configmap)
+    if created:
+        return existing
     _adopt_or_refuse("ConfigMap", existing, uid)
     if update and existing.get("data") != desired["data"]:
         api.patch_configmap(
@@ -247,34 +261,12 @@ def spec_follows(rayjob: dict[str, Any] | None) -> bool:
     return rayjob is None or ((rayjob.get("status") or {}).get("jobDeploymentStatus") or "") in NO_CLUSTER_STATES
 
 
-def ensure_owned(
-    kind: str,
-    create: Callable[[], dict[str, Any]],
-    read: Callable[[], dict[str, Any] | None],
-    uid: str,
-) -> None:
-    """Create a child that is never updated (the NetworkPolicy); on 409 accept it only if it is ours."""
-    try:
-        create()
-        return
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    existing = read()
-    if existing is None:
-        raise kopf.TemporaryError(f"{kind} vanished after a conflict; retrying", delay=1)
-    _adopt_or_refuse(kind, existing, uid)
-
-
 def ensure_networkpolicy(api: Api, networkpolicy: dict[str, Any], uid: str) -> None:
-    """RLJob's NetworkPolicy, created once (the Ray token Secret is KubeRay's, one per Ray cluster)."""
-    meta = networkpolicy["metadata"]
-    ensure_owned(
-        "NetworkPolicy",
-        lambda: api.create_networkpolicy(meta["namespace"], networkpolicy),
-        lambda: api.get_networkpolicy(meta["namespace"], meta["name"]),
-        uid,
-    )
+    """RLJob's NetworkPolicy, created once and never updated; an existing one is accepted only if it is ours (the
+    Ray token Secret is KubeRay's, one per Ray cluster)."""
+    existing, created = create_or_read("NetworkPolicy", networkpolicy, api.create_networkpolicy, api.get_networkpolicy)
+    if not created:
+        _adopt_or_refuse("NetworkPolicy", existing, uid)
 
 
 def ensure_claim(api: Api, desired: dict[str, Any] | None) -> None:
@@ -283,16 +275,10 @@ def ensure_claim(api: Api, desired: dict[str, Any] | None) -> None:
     from them unless trainer.resume names one."""
     if desired is None:
         return
-    namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
-    try:
-        api.create_claim(namespace, desired)
+    existing, created = create_or_read("PersistentVolumeClaim", desired, api.create_claim, api.get_claim)
+    if created:
         return
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    existing = api.get_claim(namespace, name)
-    if existing is None:
-        raise kopf.TemporaryError(f"PersistentVolumeClaim {name} vanished after a conflict; retrying", delay=1)
+    name = desired["metadata"]["name"]
     rljob = desired["metadata"]["labels"][RLJOB_LABEL]
     if (existing["metadata"].get("labels") or {}).get(RLJOB_LABEL) != rljob:
         raise kopf.PermanentError(
@@ -303,17 +289,10 @@ def ensure_claim(api: Api, desired: dict[str, Any] | None) -> None:
 
 def ensure_rayjob(api: Api, desired: dict[str, Any], uid: str) -> tuple[dict[str, Any], bool]:
     """The RayJob, created if missing; (object, created)."""
-    namespace, name = desired["metadata"]["namespace"], desired["metadata"]["name"]
-    try:
-        return api.create_rayjob(namespace, desired), True
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    existing = api.get_rayjob(namespace, name)
-    if existing is None:
-        raise kopf.TemporaryError(f"RayJob {name} vanished after a conflict; retrying", delay=1)
-    _adopt_or_refuse("RayJob", existing, uid)
-    return existing, False
+    existing, created = create_or_read("RayJob", desired, api.create_rayjob, api.get_rayjob)
+    if not created:
+        _adopt_or_refuse("RayJob", existing, uid)
+    return existing, created
 
 
 # --- status ------------------------------------------------------------------------
