@@ -227,7 +227,11 @@ class Trainer:
                     metrics["training/global_step"] = self.global_step
                     metrics["training/epoch"] = epoch
                     self.reporting.log(self.global_step, metrics)
-                    self.reporting.progress(self.global_step, metrics, last_checkpoint=self.last_checkpoint, force=last)
+                    # a stop's checkpoint is reported at once: the pod may be gone before the next report
+                    stopping = last or self.stop_requested
+                    self.reporting.progress(
+                        self.global_step, metrics, last_checkpoint=self.last_checkpoint, force=stopping
+                    )
                     bar.update(1)
                     if last or self.stop_requested:
                         break
