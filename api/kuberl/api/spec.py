@@ -270,8 +270,9 @@ class Reward(SpecModel):
         300,
         gt=0,
         le=86400,
-        description="Seconds one batch of reward-function calls may take. A custom function runs in a process of "
-        "its own, killed at the timeout, and the job fails (a reward function error: not retried).",
+        description="Seconds one batch of reward-function calls, or of reward-model scoring, may take. A custom "
+        "function runs in a process of its own, killed at the timeout, and the job fails (a reward function error: "
+        "not retried); so does a reward model that has not scored the batch by then.",
     )
     on_error: Literal["fail", "zero"] = Field(
         "fail",
