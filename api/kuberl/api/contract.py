@@ -85,7 +85,7 @@ def entrypoint(name: str, namespace: str) -> str:
 
 PRESTOP_MODULE = "kuberl.trainer.prestop"
 HEAD_DASHBOARD = "http://127.0.0.1:8265"  # the head's own dashboard (KubeRay's default port), where the hook stops jobs
-ENV_RAY_JOB_STOP_WAIT = "RAY_JOB_STOP_WAIT_TIME_S"  # Ray's job supervisor SIGKILLs a stopped driver after this (3 s)
+RAY_JOB_STOP_WAIT_ENV = "RAY_JOB_STOP_WAIT_TIME_S"  # Ray's job supervisor SIGKILLs a stopped driver after this (3 s)
 
 
 def prestop_command(role: str, grace_seconds: int) -> list[str]:

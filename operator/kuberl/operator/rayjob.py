@@ -16,7 +16,6 @@ from typing import Any
 from kuberl.api.contract import (
     API_VERSION,
     CHECKPOINT_MOUNT,
-    ENV_RAY_JOB_STOP_WAIT,
     ENV_REPORT_STATUS,
     ENV_RLJOB_NAMESPACE,
     ENV_RLJOB_UID,
@@ -26,6 +25,7 @@ from kuberl.api.contract import (
     QUEUE_LABEL,
     RAY_AUTH_ENV,
     RAY_AUTH_MODE_TOKEN,
+    RAY_JOB_STOP_WAIT_ENV,
     RAYJOB_API_VERSION,
     RAYJOB_KIND,
     RLJOB_LABEL,
@@ -407,7 +407,7 @@ def _head_group(name: str, namespace: str, uid: str, spec: RLJobSpec) -> dict[st
         (ENV_RLJOB_NAMESPACE, namespace),
         (ENV_RLJOB_UID, uid),
         # Ray's job supervisor gives a stopped driver this long before SIGKILL (3 s by default): time for a save
-        (ENV_RAY_JOB_STOP_WAIT, str(spec.run_policy.termination_grace_period_seconds)),
+        (RAY_JOB_STOP_WAIT_ENV, str(spec.run_policy.termination_grace_period_seconds)),
     )
     container = {
         "name": "ray-head",

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from kuberl.api.contract import HEAD_DASHBOARD
+from kuberl.api.contract import HEAD_DASHBOARD, PRESTOP_MODULE
 
 DASHBOARD_PORT = 8265  # KubeRay's default dashboard port (the operator does not change it)
 ENV_HEAD_HOST = "FQ_RAY_IP"  # KubeRay's variable on worker pods: the head Service's fully qualified name
@@ -84,12 +84,17 @@ def _worker_dashboard() -> str:
     return f"http://{host}:{DASHBOARD_PORT}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kuberl.trainer.prestop", description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The hook's flags (kuberl.api.contract.prestop_command writes them)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {PRESTOP_MODULE}", description=__doc__.splitlines()[0])
     parser.add_argument("role", choices=("head", "worker"))
     parser.add_argument("--timeout", type=float, required=True, help="seconds: the pod's grace period")
     parser.add_argument("--dashboard", help=f"the head's dashboard (head: {HEAD_DASHBOARD}; worker: from FQ_RAY_IP)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.role == "head":
         return 1 if stop_jobs(args.dashboard or HEAD_DASHBOARD, args.timeout) else 0
     return 0 if wait_for_head(args.dashboard or _worker_dashboard(), args.timeout) else 1
