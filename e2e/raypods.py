@@ -9,7 +9,10 @@
   as a kubelet would) plus `pod_env`; its ConfigMap volumes are written under `pod_root/<rljob>/mounts/<volume>`,
   each claim is the folder `pod_root/claims/<claim>`. The pod is Ready once KubeRay's readiness probe would pass
   (the dashboard agent's raylet check, the dashboard's GCS check).
-- A worker pod only runs: the head's CPUs hold the whole tiny job, as in `e2e/kuberay_runner.py`.
+- A head pod's preStop hook (`exec`) runs as a local process with the container's environment, its arguments
+  rewritten as the entrypoint's are (and the dashboard's in-pod port at the head's own); `terminate` sends SIGTERM
+  to `ray start`, whose processes are all killed when the kubelet gives up or deletes the pod.
+- A worker pod only runs: the head's CPUs hold the whole tiny job, as in `e2e/kuberay_runner.py` (no hook runs).
 - A submitter pod runs its container's command and args (KubeRay's `ray job status || ray job submit --no-wait;
   ray job logs --follow`) and ends with the command's exit code.
 - Each head Service gets a local address, like a ClusterIP: a small HTTP proxy in front of the head's dashboard.

@@ -5,7 +5,9 @@ submitter Job (K8sJobMode, as the operator renders it), status polling through t
 token (any 401 or 403 fails the test), retries on a new cluster, suspension. The stand-in kubelet
 (`e2e/kubelet.py`) runs the Ray pods' containers on this machine (`e2e/raypods.py`): each head pod is a real local
 Ray head, each submitter pod runs KubeRay's `ray job submit` command, which starts the real trainer entrypoint.
-Faults are real: the trainer process is killed with SIGKILL. Each job is the tiny CPU example cut to a few steps.
+Faults are real: the trainer process is killed with SIGKILL; a suspension (the user's, or Kueue's on the RayJob)
+deletes the Ray pods, whose preStop hooks the kubelet runs before SIGTERM. Each job is the tiny CPU example cut to a
+few steps.
 """
 
 from __future__ import annotations
