@@ -14,13 +14,18 @@ What it does, as kube-scheduler and a kubelet would (one thread, polling every `
 - completes a pod of a Job (`batch.kubernetes.io/job-name`) with `Succeeded`, exit code 0; or, given
   `containers` (`e2e/raypods.py`), really runs the Ray pods' containers: a pod is ContainerCreating until its
   container runs, and ends Succeeded or Failed with the container's exit code;
-- honours deletion: a pod with a deletionTimestamp is deleted with grace period 0 (its processes killed).
+- honours deletion: a pod with a deletionTimestamp is deleted with grace period 0 (its processes killed); one whose
+  containers declare a preStop exec hook and run here (`containers`) is stopped as a kubelet stops it: the hook runs
+  (`Containers.exec`, a `FailedPreStopHook` Event when it fails), then SIGTERM to the container's main process, SIGKILL
+  once the pod's grace period (`deletionGracePeriodSeconds`) is over, counted from the start of the hook.
 The image sets may change while it runs (a pull that starts to work, as after a fixed registry secret).
 """
 
 from __future__ import annotations
 
+import subprocess
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -31,15 +36,24 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
 GPU = "nvidia.com/gpu"
+HOOK_OVERRUN_SECONDS = 2  # the kubelet's extra grace for the main process when a preStop hook used up the period
 JOB_LABEL = "batch.kubernetes.io/job-name"
 
 
 class Containers(Protocol):
-    """What runs a pod's containers: "creating", "running", or the exit code; `forget` when the pod is deleted."""
+    """What runs a pod's containers: "creating", "running", or the exit code; `forget` when the pod is deleted
+    (its processes killed). A graceful stop: `exec` a hook in the container (None: it does not run here),
+    `terminate` (SIGTERM) its main process, `exited` once it is gone."""
 
     def state(self, pod: dict[str, Any]) -> str | int: ...
 
     def forget(self, name: str) -> None: ...
+
+    def exec(self, pod: dict[str, Any], command: list[str]) -> subprocess.Popen[bytes] | None: ...
+
+    def terminate(self, name: str) -> None: ...
+
+    def exited(self, name: str) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,16 @@ class FakeNode:
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def pre_stop_hooks(pod: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """(container, command) of each container's `lifecycle.preStop.exec` hook, in the pod's order."""
+    hooks = []
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        command = (((container.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get("command")
+        if command:
+            hooks.append((container["name"], list(command)))
+    return hooks
 
 
 def pod_requests(pod: dict[str, Any]) -> dict[str, float]:
@@ -93,6 +117,7 @@ class StandInKubelet:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="stand-in-kubelet", daemon=True)
         self._reported: set[tuple[str, str]] = set()
+        self._stopping: dict[str, threading.Thread] = {}
         self.errors: list[str] = []
 
     # ---- lifecycle ----------------------------------------------------------------------------------
@@ -106,6 +131,8 @@ class StandInKubelet:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        for thread in list(self._stopping.values()):
+            thread.join(timeout=10)
         for node in self.nodes:
             try:
                 self.core.delete_node(node.name)
@@ -155,7 +182,10 @@ class StandInKubelet:
         for pod in pods:
             meta = pod["metadata"]
             if meta.get("deletionTimestamp"):
-                self._delete(meta["name"])
+                if self.containers is not None and pre_stop_hooks(pod) and pod["spec"].get("nodeName"):
+                    self._stop_gracefully(pod)
+                else:
+                    self._delete(meta["name"])
             elif not pod["spec"].get("nodeName"):
                 self._schedule(pod, used)
             else:
@@ -169,6 +199,45 @@ class StandInKubelet:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+    def _stop_gracefully(self, pod: dict[str, Any]) -> None:
+        """Once per pod, in a thread of its own (other pods go on meanwhile): preStop hooks, SIGTERM, SIGKILL at the
+        end of the grace period, then the pod object goes."""
+        uid = pod["metadata"]["uid"]
+        if uid in self._stopping:
+            return
+        thread = threading.Thread(target=self._terminate, args=(pod,), name=f"stop-{pod['metadata']['name']}")
+        self._stopping[uid] = thread
+        thread.start()
+
+    def _terminate(self, pod: dict[str, Any]) -> None:
+        assert self.containers is not None, "only pods whose containers run here stop gracefully"
+        name = pod["metadata"]["name"]
+        grace = pod["metadata"].get("deletionGracePeriodSeconds")
+        if grace is None:
+            grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+        deadline = time.monotonic() + grace
+        try:
+            for container, command in pre_stop_hooks(pod):
+                hook = self.containers.exec(pod, command)
+                if hook is None:
+                    continue
+                try:
+                    code = hook.wait(timeout=max(deadline - time.monotonic(), 0))
+                except subprocess.TimeoutExpired:
+                    hook.kill()
+                    code = hook.wait()
+                if code != 0:
+                    message = f"PreStopHook {command} of container {container} failed: exit code {code}"
+                    self._event(pod, "FailedPreStopHook", message, "kubelet")
+            self.containers.terminate(name)
+            # as a kubelet: a hook that used up the grace period leaves the main process 2 s after SIGTERM
+            deadline = max(deadline, time.monotonic() + HOOK_OVERRUN_SECONDS)
+            while not self.containers.exited(name) and time.monotonic() < deadline and not self._stop.is_set():
+                time.sleep(0.2)
+            self._delete(name)
+        except ApiException as exc:
+            self.errors.append(f"{exc.status} {exc.reason}")
 
     def _schedule(self, pod: dict[str, Any], used: dict[str, dict[str, float]]) -> None:
         name, wanted = pod["metadata"]["name"], pod_requests(pod)

@@ -9,7 +9,10 @@
   as a kubelet would) plus `pod_env`; its ConfigMap volumes are written under `pod_root/<rljob>/mounts/<volume>`,
   each claim is the folder `pod_root/claims/<claim>`. The pod is Ready once KubeRay's readiness probe would pass
   (the dashboard agent's raylet check, the dashboard's GCS check).
-- A worker pod only runs: the head's CPUs hold the whole tiny job, as in `e2e/kuberay_runner.py`.
+- A head pod's preStop hook (`exec`) runs as a local process with the container's environment, its arguments
+  rewritten as the entrypoint's are (and the dashboard's in-pod port at the head's own); `terminate` sends SIGTERM
+  to `ray start`, whose processes are all killed when the kubelet gives up or deletes the pod.
+- A worker pod only runs: the head's CPUs hold the whole tiny job, as in `e2e/kuberay_runner.py` (no hook runs).
 - A submitter pod runs its container's command and args (KubeRay's `ray job status || ray job submit --no-wait;
   ray job logs --follow`) and ends with the command's exit code.
 - Each head Service gets a local address, like a ClusterIP: a small HTTP proxy in front of the head's dashboard.
@@ -52,6 +55,7 @@ from kuberl.api.contract import RAY_AUTH_ENV
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
 RLJOB_LABEL = "kuberl.io/rljob"
 SERVICE_HOST = re.compile(r"([a-z0-9-]+)\.([a-z0-9-]+)\.svc\.cluster\.local:(\d+)")
+POD_DASHBOARD_PORT = 8265  # the head's dashboard port in a pod (KubeRay's default); each local head has its own
 HOP_HEADERS = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "transfer-encoding", "upgrade"}
 
 
@@ -86,12 +90,23 @@ class Head:
     service: ThreadingHTTPServer | None = None
     ready: bool = False
     error: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    """The container's environment (what a preStop hook runs with)."""
+    members: list[int] = field(default_factory=list)
+    """The container's processes when its main process got SIGTERM (they die with it, as in a cgroup)."""
+
+    def terminate(self) -> None:
+        """SIGTERM to the container's main process (`ray start --block`), its processes noted for the kill."""
+        if self.process is not None and self.process.poll() is None:
+            self.members = process_tree(self.process.pid)
+            self.process.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
         """The container dies with everything in it: the job's driver, whose shell Ray starts in a session of its
-        own, included (found before the kill, while still a descendant)."""
-        if self.process is not None and self.process.poll() is None:
-            for pid in process_tree(self.process.pid):
+        own, included (found before the kill, while still a descendant, or before the SIGTERM)."""
+        if self.process is not None:
+            alive = process_tree(self.process.pid) if self.process.poll() is None else []
+            for pid in {*alive, *self.members}:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             self.process.wait()
@@ -104,11 +119,15 @@ class Head:
     def rewrite_submission(self, body: bytes) -> bytes:
         """The entrypoint as the pod would run it: in the job's folder, the mount paths at the written volumes."""
         request = json.loads(body)
-        entrypoint = request["entrypoint"]
-        for mount_path, local in self.mounts.items():
-            entrypoint = entrypoint.replace(mount_path, str(local))
-        request["entrypoint"] = f"cd {shlex.quote(str(self.workdir))} && {entrypoint}"
+        request["entrypoint"] = f"cd {shlex.quote(str(self.workdir))} && {self.local(request['entrypoint'])}"
         return json.dumps(request).encode()
+
+    def local(self, text: str) -> str:
+        """`text` of the pod (a command) as it runs here: mount paths at the written volumes, the dashboard's
+        in-pod address (KubeRay's port) at this head's port."""
+        for mount_path, local in self.mounts.items():
+            text = text.replace(mount_path, str(local))
+        return text.replace(f"127.0.0.1:{POD_DASHBOARD_PORT}", f"127.0.0.1:{self.dashboard_port}")
 
 
 class _Proxy(ThreadingHTTPServer):
@@ -279,6 +298,31 @@ class LocalRayPods:
             os.killpg(submitter.pid, signal.SIGKILL)
             submitter.wait()
 
+    def exec(self, pod: dict[str, Any], command: list[str]) -> subprocess.Popen[bytes] | None:
+        """A command in a head pod's container (a preStop hook): a local process with the container's environment,
+        in the job's folder, its arguments rewritten as the entrypoint's are. None for the other pods (no process
+        of theirs runs here)."""
+        with self._lock:
+            head = self.heads.get(pod["metadata"]["name"])
+        if head is None or not head.ready:
+            return None
+        argv = [head.local(arg) for arg in command]
+        log = head.workdir / f"{head.pod}.prestop.log"
+        with open(log, "ab") as out:
+            return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=head.env, cwd=head.workdir)
+
+    def terminate(self, name: str) -> None:
+        """SIGTERM to the main process of pod `name`'s container, if it runs here."""
+        with self._lock:
+            head = self.heads.get(name)
+        if head is not None:
+            head.terminate()
+
+    def exited(self, name: str) -> bool:
+        with self._lock:
+            head = self.heads.get(name)
+        return head is None or head.process is None or head.process.poll() is not None
+
     def head_of(self, rljob: str) -> Head | None:
         return next((h for h in self.heads.values() if h.workdir.name == rljob and h.ready), None)
 
@@ -307,6 +351,7 @@ class LocalRayPods:
             env = {**os.environ, **self._template_env(head.cluster), **self._auth_env(container), **self.pod_env}
             env |= RAY_ENV
             env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+            head.env = env
             head.dashboard_port, agent_port = free_port(), free_port()
             # Ray's socket paths must fit in 107 bytes: a short folder of its own, not one under pytest's tmp_path.
             head.ray_dir = Path(tempfile.mkdtemp(prefix="krl-"))

@@ -5,7 +5,9 @@ submitter Job (K8sJobMode, as the operator renders it), status polling through t
 token (any 401 or 403 fails the test), retries on a new cluster, suspension. The stand-in kubelet
 (`e2e/kubelet.py`) runs the Ray pods' containers on this machine (`e2e/raypods.py`): each head pod is a real local
 Ray head, each submitter pod runs KubeRay's `ray job submit` command, which starts the real trainer entrypoint.
-Faults are real: the trainer process is killed with SIGKILL. Each job is the tiny CPU example cut to a few steps.
+Faults are real: the trainer process is killed with SIGKILL; a suspension (the user's, or Kueue's on the RayJob)
+deletes the Ray pods, whose preStop hooks the kubelet runs before SIGTERM. Each job is the tiny CPU example cut to a
+few steps.
 """
 
 from __future__ import annotations
@@ -206,17 +208,45 @@ def test_a_killed_trainer_is_retried_on_a_new_cluster_and_resumes_from_its_check
     assert steps == list(range(1, total + 1)), f"each step trained once, in order, across both attempts: {steps}"
 
 
-def test_suspend_deletes_the_ray_cluster_and_resume_continues_from_the_checkpoint(stack: RealStack) -> None:
-    name, total = "contract-suspend", 12
-    workdir = stack.apply(name, totalSteps=total, saveFreq=1, maxCheckpoints=2)
-    wait_until("two trained steps", lambda: len(logged_steps(workdir, name)) >= 2, timeout=RUN_TIMEOUT, interval=0.5)
-
-    def set_suspend(value: bool) -> None:
+def set_suspend(stack: RealStack, name: str, by: str, value: bool) -> None:
+    """Suspend or resume RLJob `name` as a user does (runPolicy.suspend) or as Kueue preempts and re-admits it
+    (the RayJob's spec.suspend, the RLJob left alone)."""
+    if by == "user":
         body = {"spec": {"runPolicy": {"suspend": value}}}
         stack.k.custom.patch_namespaced_custom_object("kuberl.io", "v1alpha1", stack.k.ns, "rljobs", name, body)
+    else:
+        stack.k.custom.patch_namespaced_custom_object(
+            "ray.io",
+            "v1",
+            stack.k.ns,
+            "rayjobs",
+            name,
+            {"spec": {"suspend": value}},
+            _content_type="application/merge-patch+json",
+        )
 
-    set_suspend(True)
-    stack.wait_phase(name, "Suspended", timeout=60)
+
+@pytest.mark.parametrize("by", ["user", "kueue"])
+def test_suspend_checkpoints_before_the_ray_cluster_dies_and_resume_continues_from_that_step(
+    stack: RealStack, by: str
+) -> None:
+    """saveFreq far beyond the job: the only checkpoint before the end is the one the stop makes. The head's preStop
+    hook (run by the stand-in kubelet on the pod's deletion, as a kubelet does) stops the Ray job; the trainer
+    finishes its step, saves and reports it before its Ray head dies."""
+    name, total, suspend_after = f"contract-suspend-{by}", 12, 3
+    workdir = stack.apply(name, totalSteps=total, saveFreq=100, maxCheckpoints=2)
+    wait_until(
+        f"{suspend_after} trained steps",
+        lambda: len(logged_steps(workdir, name)) >= suspend_after,
+        timeout=RUN_TIMEOUT,
+        interval=0.5,
+    )
+    rayjob = stack.k.rayjob(name)
+    head_template = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head_template["containers"][0]["lifecycle"]["preStop"], "the operator rendered the head's hook"
+
+    set_suspend(stack, name, by, True)
+    stack.wait_phase(name, "Suspended", timeout=120)
     selector = f"ray.io/originated-from-cr-name={name}"
     wait_until(
         "the Ray cluster and its pods deleted",
@@ -226,13 +256,18 @@ def test_suspend_deletes_the_ray_cluster_and_resume_continues_from_the_checkpoin
             )["items"]
             and not stack.k.core.list_namespaced_pod(stack.k.ns, label_selector="ray.io/node-type=head").items
         ),
-        timeout=60,
+        timeout=180,
     )
-    assert not trainer_pids(name, stack.k.ns), "the trainer died with its Ray head"
-    suspended_after = logged_steps(workdir, name)
-    assert len(suspended_after) < total, "the job finished before it could be suspended; make it longer"
+    assert not trainer_pids(name, stack.k.ns), "the trainer ended with its Ray head"
+    suspended_at = logged_steps(workdir, name)
+    assert suspended_at == list(range(1, len(suspended_at) + 1)) and len(suspended_at) < total, suspended_at
+    checkpoint = stack.status(name)["progress"]["lastCheckpoint"]
+    assert checkpoint.endswith(f"global_step_{suspended_at[-1]}"), f"the stop's checkpoint reported: {checkpoint}"
+    assert (workdir / checkpoint / "manifest.json").exists(), "a complete checkpoint"  # (an absolute path stays one)
+    hook_logs = "".join(p.read_text() for p in workdir.glob("*.prestop.log"))
+    assert "stopping Ray job" in hook_logs, hook_logs
 
-    set_suspend(False)
+    set_suspend(stack, name, by, False)
     status = stack.wait_phase(name, "Succeeded")
     assert status["progress"]["step"] == total
     steps = logged_steps(workdir, name)

@@ -13,7 +13,7 @@ from kuberl.api.spec import EnvVar
 from kuberl.api.status import Progress, RLJobStatus
 from kuberl.operator.rayjob import NCCL_ENV, render_rayjob
 from kuberl.operator.status import next_status, status_patch
-from kuberl.trainer import run
+from kuberl.trainer import prestop, run
 from kuberl.trainer.status_reporter import StatusReporter
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +49,7 @@ def names_used(path: Path) -> set[str]:
 
 def test_the_pods_set_no_kuberl_variable_outside_the_contract() -> None:
     ours = {k for k, _ in NCCL_ENV}  # read by NCCL, torch and Ray, not by kuberl
+    ours.add(contract.RAY_JOB_STOP_WAIT_ENV)  # read by Ray's job supervisor on the head
     for pool, group in pods(rendered()).items():
         assert set(env_of(group)) - ours <= CONTRACT_ENV, pool
 
@@ -77,6 +78,16 @@ def test_the_ray_cluster_requires_kuberays_token_and_no_pod_can_turn_it_off() ->
 def test_the_trainer_reads_every_contract_variable(constant: str) -> None:
     readers = [p.name for p in TRAINER_SOURCES if constant in names_used(p)]
     assert readers, f"contract.{constant} is set by the operator but no trainer module reads it"
+
+
+def test_the_prestop_module_parses_the_hooks_the_operator_renders() -> None:
+    for pool, group in pods(rendered()).items():
+        (container,) = group["template"]["spec"]["containers"]
+        command = container["lifecycle"]["preStop"]["exec"]["command"]
+        assert command[:3] == ["python", "-m", contract.PRESTOP_MODULE]
+        args = prestop.parse_args(command[3:])
+        assert args.role == ("head" if pool == contract.HEAD_POOL else "worker")
+        assert args.timeout == group["template"]["spec"]["terminationGracePeriodSeconds"]
 
 
 def test_the_trainer_parses_the_entrypoint_the_operator_renders() -> None:

@@ -10,7 +10,7 @@ import pytest
 from e2e.operator.kuberay_rules import kuberay_checks, rayjob_schema_errors
 from kuberl.api import load_rljob
 from kuberl.api.contract import CHECKPOINT_MOUNT
-from kuberl.api.spec import DEFAULT_RETRIES_ON_CLAIM, RLJobSpec
+from kuberl.api.spec import DEFAULT_RETRIES_ON_CLAIM, DEFAULT_TERMINATION_GRACE_SECONDS, RLJobSpec
 from kuberl.operator.rayjob import (
     NCCL_ENV,
     RenderError,
@@ -119,6 +119,33 @@ def test_run_policy_maps_to_rayjob_fields() -> None:
         7200,
         60,
     )
+
+
+def test_every_ray_pod_gets_the_grace_period_and_a_prestop_hook_that_saves_before_it_dies() -> None:
+    name, spec = load_rljob(ROOT / "examples" / "separate-rollout.yaml")  # a trainer and a rollout group
+    spec = spec.model_copy(
+        update={"run_policy": spec.run_policy.model_copy(update={"termination_grace_period_seconds": 900})}
+    )
+    rayjob = render_rayjob(name, "ns", UID, spec)
+    assert rayjob_schema_errors(rayjob) == []
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    head, *workers = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    assert len(workers) == 2
+    for group in (head, *workers):
+        assert group["template"]["spec"]["terminationGracePeriodSeconds"] == 900
+    (head_container,) = containers(head)
+    assert head_container["lifecycle"]["preStop"]["exec"]["command"] == [
+        *("python", "-m", "kuberl.trainer.prestop", "head", "--timeout", "900"),
+        *("--dashboard", "http://127.0.0.1:8265"),
+    ]
+    assert env_of(head_container)["RAY_JOB_STOP_WAIT_TIME_S"] == "900"  # Ray's supervisor: SIGKILL only after it
+    for group in workers:
+        (worker,) = containers(group)
+        assert worker["lifecycle"]["preStop"]["exec"]["command"] == [
+            *("python", "-m", "kuberl.trainer.prestop", "worker", "--timeout", "900")
+        ]
+    default = render_rayjob("j", "ns", UID, spec_of(base_spec()))["spec"]["rayClusterSpec"]["headGroupSpec"]
+    assert default["template"]["spec"]["terminationGracePeriodSeconds"] == DEFAULT_TERMINATION_GRACE_SECONDS
 
 
 def test_active_deadline_is_omitted_unless_set() -> None:

@@ -150,3 +150,26 @@ def test_a_reward_model_scores_the_responses(tmp_path, local_ray):
     )
     (record,) = run(tmp_path, spec, "reward-model")
     assert record["critic/score/max"] != record["critic/score/min"]  # a (random) model gives graded scores
+
+
+@pytest.mark.timeout(300)
+def test_a_reward_model_slower_than_the_timeout_ends_the_job_as_a_permanent_failure(tmp_path, local_ray):
+    from kuberl.api.status import FailureClass
+    from kuberl.trainer.failures import classify
+    from kuberl.trainer.rewards import RewardTimeoutError
+    from kuberl.trainer.run import run_job
+
+    spec = tiny_spec(
+        tmp_path,
+        **{
+            # a real CPU forward pass of the tiny model takes far longer than a millisecond
+            "reward": {"model": {"path": TINY, "microBatchSizePerGPU": 4, "maxLength": 128}, "timeoutSeconds": 0.001},
+            "algorithm": {"advantageEstimator": "grpo"},
+            "cluster.trainer.gpusPerNode": 1,
+            "trainer.totalSteps": 1,
+        },
+    )
+    with pytest.raises(RewardTimeoutError, match=r"within 0\.001 s \(reward\.timeoutSeconds\)") as raised:
+        run_job("reward-model-timeout", parse_spec(spec), run_dir=str(tmp_path / "run"), show_progress=False)
+    assert classify(raised.value).kind == FailureClass.PERMANENT
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or not read_jsonl(tmp_path / "run" / "metrics.jsonl")

@@ -81,6 +81,19 @@ def entrypoint(name: str, namespace: str) -> str:
     return f"python -m {TRAINER_MODULE} --spec-file {SPEC_PATH} --name {name} --namespace {namespace}"
 
 
+# --- the Ray pods' preStop hooks (kuberl.trainer.prestop) ---------------------------------------------------------
+
+PRESTOP_MODULE = "kuberl.trainer.prestop"
+HEAD_DASHBOARD = "http://127.0.0.1:8265"  # the head's own dashboard (KubeRay's default port), where the hook stops jobs
+RAY_JOB_STOP_WAIT_ENV = "RAY_JOB_STOP_WAIT_TIME_S"  # Ray's job supervisor SIGKILLs a stopped driver after this (3 s)
+
+
+def prestop_command(role: str, grace_seconds: int) -> list[str]:
+    """The preStop exec of a Ray container (`role`: head or worker), bounded by the pod's grace period."""
+    command = ["python", "-m", PRESTOP_MODULE, role, "--timeout", str(grace_seconds)]
+    return [*command, "--dashboard", HEAD_DASHBOARD] if role == "head" else command
+
+
 # --- exit codes of the trainer (the RayJob's entrypoint) ------------------------------------------------------------
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C, checkpoint saved

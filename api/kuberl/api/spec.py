@@ -270,8 +270,9 @@ class Reward(SpecModel):
         300,
         gt=0,
         le=86400,
-        description="Seconds one batch of reward-function calls may take. A custom function runs in a process of "
-        "its own, killed at the timeout, and the job fails (a reward function error: not retried).",
+        description="Seconds one batch of reward-function calls, or of reward-model scoring, may take. A custom "
+        "function runs in a process of its own, killed at the timeout, and the job fails (a reward function error: "
+        "not retried); so does a reward model that has not scored the batch by then.",
     )
     on_error: Literal["fail", "zero"] = Field(
         "fail",
@@ -723,6 +724,8 @@ class Cluster(SpecModel):
 
 DEFAULT_RETRIES_ON_CLAIM = 3  # runPolicy.backoffLimit when checkpoints are on a claim: a retry resumes from them
 DEFAULT_STALL_TIMEOUT_SECONDS = 1800  # runPolicy.stallTimeoutSeconds: longer than any step and checkpoint save
+# runPolicy.terminationGracePeriodSeconds: the rest of a step plus a checkpoint save of a mid-sized model (docs/storage.md)
+DEFAULT_TERMINATION_GRACE_SECONDS = 600
 
 
 class RunPolicy(SpecModel):
@@ -754,6 +757,15 @@ class RunPolicy(SpecModel):
         le=2**31 - 1,
         description="Fail a Running job whose trainer has reported no progress for this long (at least "
         "stallTimeoutSeconds); unset: a stalled job runs on.",
+    )
+    termination_grace_period_seconds: int = Field(
+        DEFAULT_TERMINATION_GRACE_SECONDS,
+        ge=1,
+        le=86400,
+        description="How long a Ray pod that is stopped (suspend, Kueue preemption, node drain) may take: the "
+        "trainer finishes its step and saves a checkpoint meanwhile. Set it to at least the longest step "
+        "(timing_s/step) + the save (timing_s/save_checkpoint) + a margin; past it the pods are killed and the "
+        "job resumes from its previous checkpoint.",
     )
 
 

@@ -25,6 +25,7 @@ from kuberl.api.contract import (
     QUEUE_LABEL,
     RAY_AUTH_ENV,
     RAY_AUTH_MODE_TOKEN,
+    RAY_JOB_STOP_WAIT_ENV,
     RAYJOB_API_VERSION,
     RAYJOB_KIND,
     RLJOB_LABEL,
@@ -34,6 +35,7 @@ from kuberl.api.contract import (
     SPEC_HASH_ANNOTATION,
     TRAINER_POOL,
     entrypoint,
+    prestop_command,
 )
 from kuberl.api.spec import HeadNode, NodePool, PodSettings, PoolPodSettings, RLJobSpec, Toleration, backoff_limit
 from kuberl.api.validation import spec_to_wire
@@ -354,7 +356,12 @@ def _pod_spec(
     if settings.env_from:
         for container in containers:
             container["envFrom"] = [dict(source) for source in settings.env_from]
-    pod: dict[str, Any] = {"containers": containers, "volumes": volumes}
+    # the rest of a step plus a checkpoint save: the preStop hooks (`_lifecycle`) and the trainer's SIGTERM use it
+    pod: dict[str, Any] = {
+        "containers": containers,
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": spec.run_policy.termination_grace_period_seconds,
+    }
     if settings.image_pull_secrets:
         pod["imagePullSecrets"] = [{"name": n} for n in settings.image_pull_secrets]
     priority_class = settings.priority_class_name or spec.cluster.priority_class_name
@@ -381,20 +388,37 @@ def _ports(ports: tuple[tuple[str, int], ...]) -> list[dict[str, Any]]:
     return [{"name": n, "containerPort": p} for n, p in ports]
 
 
+def _lifecycle(role: str, spec: RLJobSpec) -> dict[str, Any]:
+    """The preStop hook of a Ray container. KubeRay suspends (and Kueue preempts) a RayJob by deleting its Ray
+    cluster and stops no Ray job itself: the head's hook stops the job through the head's dashboard (the trainer's
+    driver gets SIGTERM, finishes its step and saves) and waits until it is over; a worker's keeps its raylet, and
+    the ranks' actors on it, up meanwhile. Both end within the pod's grace period."""
+    grace = spec.run_policy.termination_grace_period_seconds
+    return {"preStop": {"exec": {"command": prestop_command(role, grace)}}}
+
+
 def _head_group(name: str, namespace: str, uid: str, spec: RLJobSpec) -> dict[str, Any]:
     head: HeadNode = spec.cluster.head
     ports: tuple[tuple[str, int], ...] = HEAD_PORTS
     if spec.trainer.metrics_port:
         ports = (*HEAD_PORTS, ("trainer-metrics", spec.trainer.metrics_port))
+    env = (
+        (ENV_REPORT_STATUS, "1"),
+        (ENV_RLJOB_NAMESPACE, namespace),
+        (ENV_RLJOB_UID, uid),
+        # Ray's job supervisor gives a stopped driver this long before SIGKILL (3 s by default): time for a save
+        (RAY_JOB_STOP_WAIT_ENV, str(spec.run_policy.termination_grace_period_seconds)),
+    )
     container = {
         "name": "ray-head",
         "image": spec.cluster.image,
         "imagePullPolicy": spec.cluster.image_pull_policy,
         # the trainer's driver runs here and patches rljobs/status.progress (service account RBAC: docs/operator.md)
-        "env": _env(spec, extra=((ENV_REPORT_STATUS, "1"), (ENV_RLJOB_NAMESPACE, namespace), (ENV_RLJOB_UID, uid))),
+        "env": _env(spec, extra=env),
         "resources": _resources(head.cpu, head.memory, head.pod, {}),
         "ports": _ports(ports),
         "volumeMounts": _mounts(spec),
+        "lifecycle": _lifecycle("head", spec),
     }
     return {
         # num-cpus 0: Ray schedules no actors on the head; it runs the single controller (the job driver) only
@@ -424,6 +448,7 @@ def _worker_group(group: str, pool: NodePool, name: str, spec: RLJobSpec) -> dic
         "resources": _resources(pool.cpu, pool.memory, pool.pod, gpus),
         "ports": _ports(WORKER_PORTS),
         "volumeMounts": _mounts(spec),
+        "lifecycle": _lifecycle("worker", spec),
     }
     return {
         "groupName": group,

@@ -49,7 +49,14 @@ from kuberl.trainer.metrics import Timer
 from kuberl.trainer.microbatch import Rows, concat, shard_mini_batches, shard_rows, slice_rows
 from kuberl.trainer.plan import ExecutionPlan
 from kuberl.trainer.reporting import Reporting, write
-from kuberl.trainer.rewards import SCORE_DTYPE, RewardInput, RewardPolicy, check_finite, make_scorer
+from kuberl.trainer.rewards import (
+    SCORE_DTYPE,
+    RewardInput,
+    RewardPolicy,
+    RewardTimeoutError,
+    check_finite,
+    make_scorer,
+)
 from kuberl.trainer.status_reporter import StatusReporter
 from kuberl.trainer.step_metrics import data_metrics, perf_metrics, reduce_update_metrics
 
@@ -227,7 +234,11 @@ class Trainer:
                     metrics["training/global_step"] = self.global_step
                     metrics["training/epoch"] = epoch
                     self.reporting.log(self.global_step, metrics)
-                    self.reporting.progress(self.global_step, metrics, last_checkpoint=self.last_checkpoint, force=last)
+                    # a stop's checkpoint is reported at once: the pod may be gone before the next report
+                    stopping = last or self.stop_requested
+                    self.reporting.progress(
+                        self.global_step, metrics, last_checkpoint=self.last_checkpoint, force=stopping
+                    )
                     bar.update(1)
                     if last or self.stop_requested:
                         break
@@ -432,6 +443,23 @@ class Trainer:
             )
         return metrics
 
+    def _reward_model_scores(self, chunks: list[list[str]]) -> list[list[float]]:
+        """Each rank's scores of its chunk, within reward.timeoutSeconds: a reward model that hangs (or is far too
+        slow) ends the job as a permanent failure instead of holding the GPUs."""
+        import ray
+
+        assert self.reward_model is not None and self.spec.reward.model is not None, "called with a reward model"
+        timeout = self.spec.reward.timeout_seconds
+        try:
+            results: list[list[float]] = self.reward_model.each("score", [(c,) for c in chunks], timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise RewardTimeoutError(
+                f"reward.model {self.spec.reward.model.path} did not score {sum(map(len, chunks))} responses within "
+                f"{timeout:g} s (reward.timeoutSeconds): a hung or far too slow reward model. Raise "
+                "reward.timeoutSeconds if it is only slow"
+            ) from None
+        return results
+
     def score(self, samples: list[Prompt], rows: Rows) -> tuple[Tensor, dict[str, Tensor]]:
         """One score per response, and the reward function's extra numbers per response (NaN where missing)."""
         sources = [s.data_source for s in samples]
@@ -456,7 +484,7 @@ class Trainer:
                 for s, t in zip(samples, texts, strict=True)
             ]
             chunks = [list(c) for c in np.array_split(np.array(full, dtype=object), self.dp)]
-            results = self.reward_model.each("score", [(c,) for c in chunks])
+            results = self._reward_model_scores(chunks)
             scores = torch.tensor([x for r in results for x in r], dtype=SCORE_DTYPE)
             check_finite(scores, sources, f"reward.model {self.spec.reward.model.path}")
             return scores, {}

@@ -721,11 +721,13 @@ class WorkerGroup:
 
         return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
 
-    def each(self, method: str, per_rank: list[tuple[Any, ...]]) -> list[Any]:
-        """Call ``method`` on rank ``r`` with ``per_rank[r]`` as arguments."""
+    def each(self, method: str, per_rank: list[tuple[Any, ...]], timeout: float | None = None) -> list[Any]:
+        """Call ``method`` on rank ``r`` with ``per_rank[r]`` as arguments; Ray's GetTimeoutError after ``timeout``
+        seconds."""
         import ray
 
-        return ray.get([getattr(w, method).remote(*args) for w, args in zip(self.workers, per_rank, strict=True)])
+        calls = [getattr(w, method).remote(*args) for w, args in zip(self.workers, per_rank, strict=True)]
+        return ray.get(calls, timeout=timeout)
 
     def kill(self) -> None:
         import ray
