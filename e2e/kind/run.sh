@@ -237,6 +237,28 @@ failover_leader() {
   printf 'leader failover: %s -> %s in %d s\n' "$leader" "$holder" $((SECONDS - t0)) >>"$ARTIFACTS/versions.txt"
 }
 
+# What only a real cluster shows about a suspend: KubeRay deletes the Ray cluster, and the kubelet runs the pods'
+# preStop hooks and sends SIGTERM within their grace period; the head's hook stops the Ray job, so the driver saves
+# a checkpoint at the step it was on (not at the last saveFreq step) before its pod goes. Resumed, the job continues
+# from that step and ends Succeeded with no restart (check_result).
+suspend_resume() {
+  local step deadline checkpoint
+  deadline=$((SECONDS + TIMEOUT))
+  until step=$(jp rljob "$JOB" '{.status.progress.step}') && ((${step:-0} >= 2)); do
+    ((SECONDS < deadline)) || die "RLJob $JOB did not reach step 2 within $TIMEOUT s"
+    sleep 2
+  done
+  log "suspending RLJob $JOB at step $step (saveFreq $(patched -o jsonpath='{.spec.trainer.saveFreq}'))"
+  k -n "$TEST_NS" patch rljob "$JOB" --type merge -p '{"spec":{"runPolicy":{"suspend":true}}}'
+  wait_gone 300 "the Ray pods of the suspended $JOB" k -n "$TEST_NS" get pods -l "kuberl.io/rljob=$JOB" -o name
+  expect "RLJob status.phase while suspended" "$(jp rljob "$JOB" '{.status.phase}')" Suspended
+  step=$(jp rljob "$JOB" '{.status.progress.step}')
+  checkpoint=$(jp rljob "$JOB" '{.status.progress.lastCheckpoint}')
+  expect "checkpoint saved on suspend" "${checkpoint##*/}" "global_step_$step"
+  printf 'suspended at step %s, checkpoint %s\n' "$step" "$checkpoint" >>"$ARTIFACTS/versions.txt"
+  k -n "$TEST_NS" patch rljob "$JOB" --type merge -p '{"spec":{"runPolicy":{"suspend":false}}}'
+}
+
 # ray_probe NAMESPACE LABELS TOKEN RAY-ARGS...: run `ray RAY-ARGS` against the RLJob's dashboard from a throwaway pod
 # of the trainer image in NAMESPACE with pod LABELS (may be empty), authenticated with TOKEN (may be empty); prints
 # the output, returns the exit status (124: no answer within 45 s). The address comes from the RLJob's status.
@@ -383,6 +405,7 @@ step install_kuberl
 step apply_job
 step check_isolation
 step failover_leader
+step suspend_resume
 step wait_for_success
 step check_result
 step check_cleanup

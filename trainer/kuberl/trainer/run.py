@@ -215,7 +215,7 @@ class Trainer:
             if spec.val_before_train and self.val_prompts and self.global_step == 0:
                 val = self.validate()
                 self.reporting.log(0, val)
-            saved_at = -1
+            saved_at, metrics = -1, {}
             while self.global_step < self.total_steps and not self.stop_requested:
                 for prompts in self.loader:
                     epoch = self.loader.epoch
@@ -245,6 +245,7 @@ class Trainer:
             if self.stop_requested:
                 if saved_at != self.global_step:
                     self.checkpoints.save(self.global_step)
+                    self.reporting.progress(self.global_step, metrics, last_checkpoint=self.last_checkpoint, force=True)
                 write(f"interrupted: checkpoint saved at step {self.global_step} in {self.last_checkpoint}")
                 return self.stop_code
             return 0
