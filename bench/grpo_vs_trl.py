@@ -292,7 +292,7 @@ def run_kuberl(
     env = {**os.environ, **OFFLINE_ENV}
     result: dict[str, Any] = {
         "engine": spec["spec"]["rollout"]["engine"],
-        "placement": spec["spec"]["rollout"]["placement"],
+        "placement": spec["spec"]["rollout"].get("placement", "colocated"),
         "overlap": spec["spec"]["rollout"].get("overlap", "none"),
         "spec_file": str(spec_path),
         "spec": spec["spec"],
