@@ -39,7 +39,7 @@ class EngineGroup(Rollout):
         samples with seed ``seed + i``. Waits until every engine is up."""
         import ray
 
-        remote = ray.remote(actor_class)
+        remote: Any = ray.remote(actor_class)
         engines: list[Any] = [  # Ray actor handles
             remote.options(**options).remote(model_path, pad_id=pad_id, seed=seed + i, **kwargs)
             for i, options in enumerate(actor_options)
