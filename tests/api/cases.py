@@ -228,7 +228,7 @@ INVALID_CASES: list[InvalidCase] = [
     _case(
         "hf-engine-separate",
         "spec.rollout.engine",
-        "hf-engine-colocated",
+        "hf-engine-placement",
         _all(
             _set("spec.rollout.engine", "hf"),
             _set("spec.rollout.placement", "separate"),

@@ -387,7 +387,7 @@ RULES: tuple[Rule, ...] = (
         verl="ours",
     ),
     Rule(
-        id="hf-engine-colocated",
+        id="hf-engine-placement",
         field="rollout.engine",
         rule="self.rollout.engine != 'hf' || (self.rollout.tensorParallelSize == 1"
         " && (self.rollout.placement == 'colocated' || self.cluster.device == 'cpu'))",
