@@ -9,7 +9,13 @@ responses. Each side runs in a fresh subprocess, one after the other, so GPU mem
 - kuberl: an RLJob written from these settings, ``python -m kuberl.cli run SPEC --run-dir DIR --no-progress``;
   ``rollout.engine vllm`` colocated (``gpuMemoryUtilization`` ``--gpu-memory-utilization``, rollout log-probs on,
   CUDA graphs on) on a GPU, ``hf`` on CPU. Per step: ``perf/total_num_tokens`` and ``timing_s/step`` from
-  ``metrics.jsonl``.
+  ``metrics.jsonl``, and the step's breakdown (generation, log-probs, update, sync, idle wait for generation,
+  overlap).
+- kuberl one-step-off-policy (``--overlap on`` or ``both``, side ``kuberl_overlap``): the same RLJob with
+  ``rollout.placement separate`` (on one GPU the engine shares the card in its own process, weights by CUDA IPC; on
+  CPU a separate ``hf`` engine) and ``rollout.overlap oneStepOffPolicy`` with ``algorithm.rolloutCorrection``: the
+  next batch is generated while the trainer updates on this one, so a step's wall time holds only the part of the
+  generation that outlasts the update (``idle``).
 - TRL: ``GRPOTrainer`` with ``per_device_train_batch_size`` = micro-batch, ``gradient_accumulation_steps`` =
   prompts × group ÷ micro-batch, ``num_generations`` = group, ``beta`` 0, bf16 autocast over fp32 weights on a GPU;
   generation ``--trl-generation vllm`` (``use_vllm``, ``vllm_mode="colocate"``, the same memory fraction; TRL's
@@ -195,8 +201,9 @@ def write_data(folder: str, path: Path, rows_wanted: int, max_prompt: int, seed:
 # --- kuberl side -------------------------------------------------------------------------------------------------
 
 
-def kuberl_spec(args: argparse.Namespace, folder: str, data: str, gpu: bool) -> dict[str, Any]:
-    return {
+def kuberl_spec(args: argparse.Namespace, folder: str, data: str, gpu: bool, overlap: bool = False) -> dict[str, Any]:
+    """``overlap``: the one-step-off-policy variant (separate placement, rollout.overlap, rollout correction)."""
+    doc = {
         "apiVersion": "kuberl.io/v1alpha1",
         "kind": "RLJob",
         "metadata": {"name": "grpo-vs-trl"},
@@ -244,23 +251,52 @@ def kuberl_spec(args: argparse.Namespace, folder: str, data: str, gpu: bool) -> 
             },
         },
     }
+    if overlap:
+        spec = doc["spec"]
+        spec["rollout"].update(placement="separate", overlap="oneStepOffPolicy", calculateLogProbs=True)
+        spec["algorithm"]["rolloutCorrection"] = {"enabled": True}
+        spec["cluster"]["rollout"] = {"nodes": 1, "gpusPerNode": 1, "cpu": "2", "memory": "8Gi"}
+    return doc
 
 
-def run_kuberl(args: argparse.Namespace, folder: str, data: str, work: Path, gpu: bool) -> dict[str, Any]:
+BREAKDOWN = {
+    "generation": ("timing_s/gen", "timing_s/gen_max"),
+    "reward": ("timing_s/reward",),
+    "log_probs": ("timing_s/old_log_prob", "timing_s/ref", "timing_s/values"),
+    "update": ("timing_s/update_actor", "timing_s/update_critic", "timing_s/adv"),
+    "sync": ("timing_s/update_weights",),
+    "idle": ("timing_s/gen_wait",),
+    "overlap": ("timing_s/overlap",),
+}
+"""A step's seconds by phase, from its metrics. Synchronous, generation and reward are part of the step; one step
+off policy they ran during the previous step (``overlap`` of that step) and the step holds ``idle`` instead: the
+trainer's wait for a generation that outlasted its passes."""
+
+
+def breakdown(metrics: dict[str, Any]) -> dict[str, float]:
+    return {phase: round(sum(metrics.get(k, 0.0) for k in keys), 3) for phase, keys in BREAKDOWN.items()}
+
+
+def run_kuberl(
+    args: argparse.Namespace, folder: str, data: str, work: Path, gpu: bool, overlap: bool = False
+) -> dict[str, Any]:
     import yaml
 
-    run_dir = work / "kuberl-run"
+    name = "kuberl-overlap" if overlap else "kuberl"
+    run_dir = work / f"{name}-run"
     shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl is appended to
-    spec = kuberl_spec(args, folder, data, gpu)
-    spec_path = work / "kuberl-rljob.yaml"
+    spec = kuberl_spec(args, folder, data, gpu, overlap)
+    spec_path = work / f"{name}-rljob.yaml"
     spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
     cmd = [sys.executable, "-m", "kuberl.cli", "run", str(spec_path), "--run-dir", str(run_dir), "--no-progress"]
     env = {**os.environ, **OFFLINE_ENV}
     result: dict[str, Any] = {
         "engine": spec["spec"]["rollout"]["engine"],
+        "placement": spec["spec"]["rollout"].get("placement", "colocated"),
+        "overlap": spec["spec"]["rollout"].get("overlap", "none"),
         "spec_file": str(spec_path),
         "spec": spec["spec"],
-        **run_side(cmd, work, "kuberl", env, args.timeout),
+        **run_side(cmd, work, name, env, args.timeout),
     }
     shutil.rmtree(ROOT / CHECKPOINTS, ignore_errors=True)
     metrics_path = run_dir / "metrics.jsonl"
@@ -274,6 +310,8 @@ def run_kuberl(args: argparse.Namespace, folder: str, data: str, work: Path, gpu
             "gen_s": round(m.get("timing_s/gen", 0.0) + m.get("timing_s/update_weights", 0.0), 3),
             "response_length_mean": m.get("response_length/mean"),
             "reward_mean": m.get("critic/score/mean"),
+            "staleness": m.get("rollout/staleness"),
+            "breakdown_s": breakdown(m),
         }
         for m in lines
         if "perf/total_num_tokens" in m
@@ -488,6 +526,12 @@ def main() -> int:
         action="store_true",
         help="kuberl's vLLM without CUDA graphs (TRL's engine always has them)",
     )
+    parser.add_argument(
+        "--overlap",
+        choices=["off", "on", "both"],
+        default="off",
+        help="kuberl synchronous (off), one-step-off-policy on a separate engine (on), or both rows (both)",
+    )
     parser.add_argument("--only", choices=["kuberl", "trl"], help="run one side (no ratio)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per side before it is killed")
     parser.add_argument("--work-dir", help="spec, data, logs (default: a new temporary folder)")
@@ -548,13 +592,18 @@ def main() -> int:
         "tokens": "prompt + response tokens (eos included, padding excluded) of every response, per step",
         "tokens_per_s": "sum of tokens ÷ sum of step seconds over steps 2…N (step 1 is warm-up)",
     }
-    sides = [args.only] if args.only else ["kuberl", "trl"]
+    kuberl_sides = {"off": ["kuberl"], "on": ["kuberl_overlap"], "both": ["kuberl", "kuberl_overlap"]}[args.overlap]
+    sides = [*kuberl_sides, "trl"]
+    if args.only:
+        sides = kuberl_sides if args.only == "kuberl" else ["trl"]
     for side in sides:
         if side != sides[0]:
             result[f"gpu_mib_used_before_{side}"] = wait_for_gpu_memory()
         print(f"running {side} ...", flush=True)
-        run = run_kuberl if side == "kuberl" else run_trl
-        result[side] = run(args, folder, data["file"], work, gpu)
+        if side == "trl":
+            result[side] = run_trl(args, folder, data["file"], work, gpu)
+        else:
+            result[side] = run_kuberl(args, folder, data["file"], work, gpu, overlap=side == "kuberl_overlap")
         error = result[side].get("error")
         lines = error.splitlines() if error else []
         summary = (
@@ -565,17 +614,23 @@ def main() -> int:
         print(f"{side}: {summary} ({result[side]['wall_s']} s)", flush=True)
 
     ok = all("error" not in result[side] for side in sides)
-    if len(sides) == 2 and all("tokens_per_s" in result[side] for side in sides):
-        ours, theirs = result["kuberl"]["tokens_per_s"], result["trl"]["tokens_per_s"]
-        result["ratio"] = round(ours / theirs, 3)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    for side in kuberl_sides:
+        for step in result.get(side, {}).get("steps", []):
+            phases = " ".join(f"{k} {v:.2f}" for k, v in step["breakdown_s"].items())
+            print(f"{side} step {step['step']}: {step['seconds']:.2f} s, staleness {step['staleness']}; {phases}")
+    theirs = result.get("trl", {}).get("tokens_per_s")
+    for side in kuberl_sides:
+        ours = result.get(side, {}).get("tokens_per_s")
+        if ours and theirs:
+            key = "ratio" if side == "kuberl" else f"ratio_{side}"
+            result[key] = round(ours / theirs, 3)
+            print(
+                f"{side} ÷ TRL tokens/s: {result[key]:.2f} ({side} {ours:.0f} tok/s, TRL {theirs:.0f} tok/s, "
+                f"TRL generation: {result['trl']['generation']})"
+            )
     out.write_text(json.dumps(result, indent=2) + "\n")
-    if "ratio" in result:
-        print(
-            f"kuberl ÷ TRL tokens/s: {result['ratio']:.2f} (kuberl {ours:.0f} tok/s, TRL {theirs:.0f} tok/s, "
-            f"TRL generation: {result['trl']['generation']})"
-        )
     print(f"wrote {out}")
     return 0 if ok else 1
 

@@ -228,13 +228,13 @@ INVALID_CASES: list[InvalidCase] = [
     _case(
         "hf-engine-separate",
         "spec.rollout.engine",
-        "hf-engine-colocated",
+        "hf-engine-placement",
         _all(
             _set("spec.rollout.engine", "hf"),
             _set("spec.rollout.placement", "separate"),
             _set("spec.cluster.rollout", {"nodes": 1, "gpusPerNode": 8}),
         ),
-        "needs rollout.placement colocated",
+        "rollout.placement separate only on cluster.device cpu",
     ),
     _case(
         "vllm-on-cpu",
@@ -538,6 +538,43 @@ INVALID_CASES: list[InvalidCase] = [
             _set("spec.algorithm.policyLoss", {"lossMode": "geo_mean"}),
         ),
         "lossMode geo_mean",
+    ),
+    _case(
+        "overlap-colocated",
+        "spec.rollout.overlap",
+        "overlap-needs-separate-placement",
+        _set("spec.rollout.overlap", "oneStepOffPolicy"),
+        "sleeps while training runs",
+    ),
+    _case(
+        "overlap-with-dynamic-sampling",
+        "spec.rollout.overlap",
+        "overlap-without-dynamic-sampling",
+        _all(
+            _set("spec.rollout.placement", "separate"),
+            _set("spec.cluster.rollout", {"nodes": 1, "gpusPerNode": 8}),
+            _set("spec.rollout.overlap", "oneStepOffPolicy"),
+            _set("spec.algorithm.filterGroups", {"enabled": True}),
+        ),
+        "not supported with algorithm.filterGroups",
+    ),
+    _case(
+        "overlap-with-agent",
+        "spec.rollout.overlap",
+        "overlap-without-agent",
+        _all(
+            _set("spec.rollout.placement", "separate"),
+            _set("spec.cluster.rollout", {"nodes": 1, "gpusPerNode": 8}),
+            _set("spec.rollout.overlap", "oneStepOffPolicy"),
+            _set("spec.rollout.agent", {"tools": [{"name": "calculator"}]}),
+        ),
+        "not supported with rollout.agent",
+    ),
+    _case(
+        "unknown-overlap",
+        "spec.rollout.overlap",
+        "schema",
+        _set("spec.rollout.overlap", "async"),
     ),
     _case(
         "rollout-correction-threshold-one",

@@ -38,6 +38,7 @@ VERL_KEYS = {
     "perf/max_memory_allocated_gb",
     "perf/max_memory_reserved_gb",
     "timing_s/update_weights",
+    "rollout/staleness",
     "val-core/gsm8k/reward/mean@1",
 }
 # per-GPU keys `gpu/<rank>/<stat>` become kuberl_gpu_<stat in base units>{gpu="<rank>"}

@@ -56,6 +56,18 @@ def test_locally_with_enough_gpus_the_engines_take_gpus_of_their_own():
     assert engine_actor_options(layout, 1, trainer_placement_group=None, share=0.2) == {"num_cpus": 1, "num_gpus": 2}
 
 
+@pytest.mark.parametrize(("labelled", "kind"), [(False, "disjoint"), (True, "pools")])
+def test_cpu_engines_take_no_gpus_and_get_weights_through_the_object_store(labelled, kind):
+    document = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    document["cluster"].update(
+        device="cpu", trainer={"nodes": 1, "gpusPerNode": 2}, rollout={"nodes": 1, "gpusPerNode": 3}
+    )
+    document["rollout"].update(engine="hf", tensorParallelSize=1)
+    layout = plan_rollout_layout(parse_spec(document), cluster_gpus=0, rollout_pool_labelled=labelled)
+    assert (layout.kind, layout.engines, layout.gpus_per_engine, layout.transport) == (kind, 3, 0, "object_store")
+    assert engine_actor_options(layout, 2, trainer_placement_group=None, share=0.2)["num_gpus"] == 0
+
+
 def test_on_one_gpu_the_engine_shares_the_trainer_bundle_and_weights_go_by_cuda_ipc(local_ray):
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group

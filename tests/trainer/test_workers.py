@@ -145,7 +145,7 @@ def test_training_log_probs_match_the_rollout_after_a_weight_sync(local_ray):
         keys = ("prompts", "prompt_mask", "responses", "response_mask", "old_log_probs", "advantages")
         mb = {k: rows[k] for k in keys}
         group.group.each("update", [([mb], totals), ([mb], totals)])
-        group.group.all("sync_weights")
+        group.group.all("sync_weights", 1)
         fresh = group.group.each("generate", [(prompts[:2], 2, sampling), (prompts[2:], 2, sampling)])
         for batch in fresh:
             recomputed = group.group.each("compute_log_probs", [(batch,), (batch,)])[0]["log_probs"]

@@ -387,11 +387,13 @@ RULES: tuple[Rule, ...] = (
         verl="ours",
     ),
     Rule(
-        id="hf-engine-colocated",
+        id="hf-engine-placement",
         field="rollout.engine",
-        rule="self.rollout.engine != 'hf' || (self.rollout.placement == 'colocated' && self.rollout.tensorParallelSize == 1)",
-        message="rollout.engine hf generates inside the actor: it needs rollout.placement colocated and "
-        "tensorParallelSize 1 (got ${self.rollout.placement}, ${self.rollout.tensorParallelSize})",
+        rule="self.rollout.engine != 'hf' || (self.rollout.tensorParallelSize == 1"
+        " && (self.rollout.placement == 'colocated' || self.cluster.device == 'cpu'))",
+        message="rollout.engine hf runs one unsharded copy of the policy per engine: it needs tensorParallelSize 1, "
+        "and rollout.placement separate only on cluster.device cpu (separate GPU engines are vllm); got "
+        "${self.rollout.placement}, ${self.rollout.tensorParallelSize}, ${self.cluster.device}",
         verl="ours",
     ),
     Rule(
@@ -504,6 +506,34 @@ RULES: tuple[Rule, ...] = (
         rule="!self.algorithm.rolloutCorrection.enabled || self.algorithm.policyLoss.lossMode != 'geo_mean'",
         message="algorithm.rolloutCorrection weighs per-token losses, but algorithm.policyLoss.lossMode geo_mean "
         "has one loss per sequence; use another loss or disable the correction",
+        verl="ours",
+    ),
+    # --- generation overlapped with training (issue 17) ---
+    Rule(
+        id="overlap-needs-separate-placement",
+        field="rollout.overlap",
+        rule="self.rollout.overlap == 'none' || self.rollout.placement == 'separate'",
+        message="rollout.overlap ${self.rollout.overlap} generates the next batch while the trainer updates, but a "
+        "colocated engine shares the trainer's devices and sleeps while training runs; set rollout.placement "
+        "separate (with cluster.rollout) or rollout.overlap none",
+        verl="ours",
+    ),
+    Rule(
+        id="overlap-without-dynamic-sampling",
+        field="rollout.overlap",
+        rule="self.rollout.overlap == 'none' || !self.algorithm.filterGroups.enabled",
+        message="rollout.overlap ${self.rollout.overlap} is not supported with algorithm.filterGroups: dynamic "
+        "sampling draws extra prompt batches (and, for seq_final_reward, runs trainer passes) in the middle of a step, "
+        "which the overlapped generation of the next batch would race; disable one of them",
+        verl="ours",
+    ),
+    Rule(
+        id="overlap-without-agent",
+        field="rollout.overlap",
+        rule="self.rollout.overlap == 'none' || !has(self.rollout.agent)",
+        message="rollout.overlap ${self.rollout.overlap} is not supported with rollout.agent: the agent loop keeps "
+        "one batch's trajectories on the driver until they are scored, so two batches cannot be in flight; set "
+        "rollout.overlap none",
         verl="ours",
     ),
     # --- security (docs/security.md): secrets are referenced, never copied; the spec stays small -----------------

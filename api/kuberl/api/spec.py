@@ -446,6 +446,12 @@ class Rollout(SpecModel):
         description="Multi-turn rollouts with tools or an environment; tool outputs are masked out of the loss "
         "(docs/agentic.md).",
     )
+    overlap: Literal["none", "oneStepOffPolicy"] = Field(
+        "none",
+        description="none: each step generates its batch with the weights it then trains. oneStepOffPolicy "
+        "(placement separate): the engines generate the next batch while the trainer updates on this one, with "
+        "weights one step old (staleness exactly 1; pair it with algorithm.rolloutCorrection; docs/performance.md).",
+    )
 
 
 # --- optimisation ------------------------------------------------------------------

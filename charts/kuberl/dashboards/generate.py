@@ -737,14 +737,17 @@ def training_dashboard() -> dict[str, Any]:
     lay.row("Time and throughput")
     phases = (
         f'max by (rljob, phase) (label_replace({{__name__=~"kuberl_timing_.+_seconds", '
-        f'__name__!="kuberl_timing_step_seconds", {JOB}}}, "phase", "$1", "__name__", "kuberl_timing_(.+)_seconds"))'
+        f'__name__!~"kuberl_timing_(step|overlap)_seconds", {JOB}}}, "phase", "$1", "__name__", '
+        '"kuberl_timing_(.+)_seconds"))'
     )
     lay.add(
         timeseries(
             "Step time breakdown",
             "Seconds per phase of the last step (timing_s/*): gen (rollout), "
             "reward, old_log_prob, ref, values, adv, update_critic, update_actor, weight sync, testing, "
-            "save_checkpoint. Stacked, they add up to about the step time (the line).",
+            "save_checkpoint. Stacked, they add up to about the step time (the line). With rollout.overlap "
+            "oneStepOffPolicy gen and reward ran during the previous step and gen_wait is the trainer's idle wait "
+            "for a generation that outlasted the update.",
             targets((phases, "{{rljob}} {{phase}}"), (kuberl("kuberl_timing_step_seconds"), "step {{rljob}}")),
             "s",
             stack=True,
@@ -810,6 +813,19 @@ def training_dashboard() -> dict[str, Any]:
             "Model FLOPs utilization of the actor update (perf/mfu/actor).",
             targets((kuberl("kuberl_perf_mfu_actor_ratio"), "{{rljob}}")),
             "percentunit",
+            min_=0,
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Rollout staleness",
+            "Steps between the policy a step trains and the weights its batch was generated with "
+            "(rollout/staleness): 0 synchronous, 1 with rollout.overlap oneStepOffPolicy after the first step; "
+            "the trainer stops the run if it is ever larger.",
+            targets((f"max by (rljob) ({kuberl('kuberl_rollout_staleness')})", "{{rljob}}")),
+            "short",
             min_=0,
         ),
         8,

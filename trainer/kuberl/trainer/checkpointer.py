@@ -67,17 +67,20 @@ class Checkpointer:
         if folder is None:
             return 0
         state = ckpt.read_state(folder)
+        step = int(state["step"])
         for role, group in self.roles():
-            group.all("load_checkpoint", str(folder / role))
+            group.all("load_checkpoint", str(folder / role), step)
         self.loader.load_state_dict(state["dataloader"])
         self.kl_ctrl.load_state_dict(state["kl_controller"])
-        step = int(state["step"])
         self.last = str(folder)
         ckpt.restore_driver_rng(folder)
         write(f"resumed from {folder} at step {step}")
         return step
 
-    def save(self, step: int) -> str:
+    def save(self, step: int, *, dataloader: dict[str, int] | None = None) -> str:
+        """``dataloader``: the loader position to resume at, when it is not the loader's own (a batch drawn and
+        generated ahead of its step, not trained yet, is drawn and generated again after a resume)."""
+        position = dataloader if dataloader is not None else self.loader.state_dict()
         folder = ckpt.prepare(self.checkpoint_dir, step)
         for role, group in self.roles():
             group.all("save_checkpoint", str(folder / role))
@@ -85,9 +88,9 @@ class Checkpointer:
             folder,
             {
                 "step": step,
-                "epoch": self.loader.epoch,
+                "epoch": position["epoch"],
                 "rljob": self.rljob,
-                "dataloader": self.loader.state_dict(),
+                "dataloader": position,
                 "kl_controller": self.kl_ctrl.state_dict(),
                 "total_steps": self.total_steps,
                 "trainer_ranks": self.cluster.ranks,

@@ -49,7 +49,7 @@ class Cluster:
         self.critic: WorkerGroup | None = None
         self.reward_model: WorkerGroup | None = None
         self.rollout: Rollout | None = None
-        """The separate engines (VLLMEngineGroup); None when each trainer rank holds a colocated engine."""
+        """The separate engines (an EngineGroup); None when each trainer rank holds a colocated engine."""
         self.agent: AgentLoop | None = None
         """The multi-turn loop (rollout.agent); None for single-turn rollouts."""
         self.pad_id: int
@@ -146,7 +146,7 @@ class Cluster:
             f"{info['trainable_params'] / 1e6:.2f}M trained"
         )
         if layout.separate:
-            self.start_rollout(layout)
+            self.start_rollout(layout, threads=threads)
         if self.plan.uses_critic:
             self.critic = WorkerGroup(CriticWorker, role="critic", **common)
             self.groups.append(self.critic)
@@ -156,39 +156,60 @@ class Cluster:
             self.groups.append(self.reward_model)
         self.model_config = self.load_model_config()
 
-    def start_rollout(self, layout: RolloutLayout) -> None:
-        """Start the separate engines (with dummy weights), connect the trainer ranks to them and send the
-        policy's weights once."""
+    def start_rollout(self, layout: RolloutLayout, *, threads: int) -> None:
+        """Start the separate engines (vLLM with dummy weights; ``hf`` on CPU from the model's own), connect the
+        trainer ranks to them and send the policy's weights once (version 0)."""
+        import ray
+
+        from kuberl.trainer.rollout.engines import EngineGroup
         from kuberl.trainer.rollout.layout import engine_actor_options
-        from kuberl.trainer.rollout.vllm import VLLMEngineGroup
         from kuberl.trainer.workers import FRACTION
 
-        engine = self.plan.engine
-        assert engine is not None, "a separate rollout is a vLLM rollout (validation enforces it)"
         options = [
             engine_actor_options(layout, i, trainer_placement_group=self.pg, share=FRACTION["rollout"])
             for i in range(layout.engines)
         ]
-        rollout = VLLMEngineGroup.spawn(
-            options,
-            engine.model_path,
-            pad_id=self.pad_id,
-            eos_ids=self.eos_ids,
-            weight_transfer=layout.transport,
-            **engine.kwargs(),
-        )
+        engine = self.plan.engine
+        if engine is None:  # hf on CPU (validation allows nothing else)
+            from kuberl.trainer.rollout.hf import HFEngineActor
+
+            r = self.spec.rollout
+            rollout = EngineGroup.spawn(
+                HFEngineActor,
+                options,
+                self.spec.model.path,
+                pad_id=self.pad_id,
+                eos_ids=self.eos_ids,
+                seed=self.spec.data.seed,
+                threads=threads,
+                calculate_log_probs=r.calculate_log_probs,
+                max_batch_size=r.max_num_seqs,
+            )
+            name = "hf"
+        else:
+            from kuberl.trainer.rollout.vllm import VLLMEngineActor
+
+            rollout = EngineGroup.spawn(
+                VLLMEngineActor,
+                options,
+                engine.model_path,
+                pad_id=self.pad_id,
+                eos_ids=self.eos_ids,
+                weight_transfer=layout.transport,
+                **engine.kwargs(),
+            )
+            name = "vLLM"
         self.rollout = rollout
         self.groups.append(rollout)
         group = None
         if layout.transport == "nccl":
-            import ray
-
             group = ray.get(self.actor.workers[0].broadcast_group.remote([layout.gpus_per_engine] * layout.engines))
         self.actor.all("connect_rollout", rollout.engines, layout.transport, group)
-        self.actor.all("sync_weights")
+        self.actor.all("sync_weights", 0)
+        devices = f"{layout.gpus_per_engine} GPU(s)" if layout.gpus_per_engine else "CPU"
         self.write(
-            f"rollout: {layout.engines} separate vLLM engine(s) of {layout.gpus_per_engine} GPU(s), "
-            f"{layout.kind} layout, weights by {layout.transport}"
+            f"rollout: {layout.engines} separate {name} engine(s) of {devices}, {layout.kind} layout, "
+            f"weights by {layout.transport}"
         )
 
     def start_agent(self, tokenizer: Any, prompts: list[Prompt]) -> AgentLoop | None:

@@ -7,7 +7,9 @@ cluster it runs in (``ray.init(address="auto")``).
 One step, top to bottom (:meth:`Trainer.train_step`): rollout → reward (:func:`kuberl.trainer.collect.collect_batch`:
 overlong shaping, dynamic sampling, ReMax baselines) → old log-probs → reference log-probs →
 values → advantages (on the driver) → critic update → actor update → weight sync → metrics. Validation, checkpoints
-and metrics wrap it in :meth:`Trainer.fit`. What runs on Ray is started and stopped by
+and metrics wrap it in :meth:`Trainer.fit`. With ``rollout.overlap: oneStepOffPolicy`` the loop runs
+:meth:`Trainer.overlapped_step` instead: the next batch is generated while this one trains
+(:mod:`kuberl.trainer.overlap`). What runs on Ray is started and stopped by
 :class:`~kuberl.trainer.cluster.Cluster`, checkpoints are saved and resumed by
 :class:`~kuberl.trainer.checkpointer.Checkpointer`, metrics and status go out through
 :class:`~kuberl.trainer.reporting.Reporting`.
@@ -47,6 +49,7 @@ from kuberl.trainer.failures import classify
 from kuberl.trainer.kl import apply_kl_in_reward, make_kl_controller
 from kuberl.trainer.metrics import Timer
 from kuberl.trainer.microbatch import Rows, concat, shard_mini_batches, shard_rows, slice_rows
+from kuberl.trainer.overlap import AheadGeneration, Generated, draw, overlap_seconds
 from kuberl.trainer.plan import ExecutionPlan
 from kuberl.trainer.reporting import Reporting, write
 from kuberl.trainer.rewards import (
@@ -58,7 +61,7 @@ from kuberl.trainer.rewards import (
     make_scorer,
 )
 from kuberl.trainer.status_reporter import StatusReporter
-from kuberl.trainer.step_metrics import data_metrics, perf_metrics, reduce_update_metrics
+from kuberl.trainer.step_metrics import data_metrics, perf_metrics, reduce_update_metrics, staleness_metrics
 
 if TYPE_CHECKING:
     from kuberl.trainer.rollout.agent import AgentLoop
@@ -100,6 +103,10 @@ class Trainer:
         self.stop_code = 0
         """EXIT_INTERRUPTED or EXIT_STOPPED once a stop signal arrived."""
         self.cluster = Cluster(spec, ranks=self.dp, address=address, write=write)
+        self.generation: AheadGeneration | None = None
+        """The background generation of the next batch (rollout.overlap oneStepOffPolicy); None when off."""
+        self.ahead: Generated | None = None
+        """The batch generated ahead of its step, not trained yet."""
         self.reporting: Reporting
         self.checkpoints: Checkpointer
         """Both made in :meth:`setup`, once the workers are up."""
@@ -164,6 +171,8 @@ class Trainer:
             reporting=self.reporting,
         )
         self.global_step = self.checkpoints.resume()
+        if spec.rollout.overlap == "oneStepOffPolicy":
+            self.generation = AheadGeneration(lambda prompts, timer: collect_batch(self, prompts, timer))
 
     # --- what the step drives (started by the cluster) ---------------------------------------------------------
 
@@ -217,34 +226,32 @@ class Trainer:
                 self.reporting.log(0, val)
             saved_at, metrics = -1, {}
             while self.global_step < self.total_steps and not self.stop_requested:
-                for prompts in self.loader:
-                    epoch = self.loader.epoch
-                    metrics = self.train_step(prompts)
-                    self.global_step += 1
-                    last = self.global_step >= self.total_steps
-                    timer = Timer()
-                    if spec.test_freq > 0 and self.val_prompts and (self.global_step % spec.test_freq == 0 or last):
-                        with timer("testing"):
-                            metrics.update(self.validate())
-                    if (spec.save_freq > 0 and self.global_step % spec.save_freq == 0) or last or self.stop_requested:
-                        with timer("save_checkpoint"):
-                            self.checkpoints.save(self.global_step)
-                        saved_at = self.global_step
-                    metrics.update(timer.metrics())
-                    metrics["training/global_step"] = self.global_step
-                    metrics["training/epoch"] = epoch
-                    self.reporting.log(self.global_step, metrics)
-                    # a stop's checkpoint is reported at once: the pod may be gone before the next report
-                    stopping = last or self.stop_requested
-                    self.reporting.progress(
-                        self.global_step, metrics, last_checkpoint=self.last_checkpoint, force=stopping
-                    )
-                    bar.update(1)
-                    if last or self.stop_requested:
-                        break
+                if self.generation is None:
+                    drawn = draw(self.loader)
+                    metrics, epoch = self.train_step(drawn.prompts), drawn.epoch
+                else:
+                    metrics, epoch = self.overlapped_step()
+                self.global_step += 1
+                last = self.global_step >= self.total_steps
+                timer = Timer()
+                if spec.test_freq > 0 and self.val_prompts and (self.global_step % spec.test_freq == 0 or last):
+                    with timer("testing"):
+                        metrics.update(self.validate())
+                if (spec.save_freq > 0 and self.global_step % spec.save_freq == 0) or last or self.stop_requested:
+                    with timer("save_checkpoint"):
+                        self.save_checkpoint()
+                    saved_at = self.global_step
+                metrics.update(timer.metrics())
+                metrics["training/global_step"] = self.global_step
+                metrics["training/epoch"] = epoch
+                self.reporting.log(self.global_step, metrics)
+                # a stop's checkpoint is reported at once: the pod may be gone before the next report
+                stopping = last or self.stop_requested
+                self.reporting.progress(self.global_step, metrics, last_checkpoint=self.last_checkpoint, force=stopping)
+                bar.update(1)
             if self.stop_requested:
                 if saved_at != self.global_step:
-                    self.checkpoints.save(self.global_step)
+                    self.save_checkpoint()
                     self.reporting.progress(self.global_step, metrics, last_checkpoint=self.last_checkpoint, force=True)
                 write(f"interrupted: checkpoint saved at step {self.global_step} in {self.last_checkpoint}")
                 return self.stop_code
@@ -253,6 +260,11 @@ class Trainer:
             bar.close()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+    def save_checkpoint(self) -> None:
+        """A checkpoint of this step. A batch generated ahead is not in it: it keeps the loader position before that
+        batch, so a resumed run generates it again (with the weights of this step)."""
+        self.checkpoints.save(self.global_step, dataloader=self.ahead.drawn.position if self.ahead else None)
 
     def _on_stop_signal(self, signum: int, frame: Any) -> None:
         """SIGINT (Ctrl-C) and SIGTERM (how Kubernetes and Ray stop a pod): finish the step, save, exit 128+signal.
@@ -273,40 +285,84 @@ class Trainer:
         timer = Timer()
         with timer("step"):
             batch = collect_batch(self, prompts, timer)  # generate → reward, dynamic sampling's rounds
-            rows = batch.rows
-            metrics = {**batch.metrics, **(self.agent.metrics() if self.agent is not None else {})}
-            entropy: Tensor | None = None
-            fused = self.plan.old_log_probs_from_update
-            if not fused:
-                with timer("old_log_prob"):
-                    out = self.forward_all(self.actor, "compute_log_probs", rows)
-                    rows["old_log_probs"], entropy = out["log_probs"], out.get("entropy")
-            if self.plan.uses_reference:
-                with timer("ref"):
-                    rows["ref_log_probs"] = self.forward_all(self.actor, "compute_ref_log_probs", rows)["ref_log_probs"]
-            if self.critic is not None:
-                with timer("values"):
-                    rows["values"] = self.forward_all(self.critic, "compute_values", rows)["values"]
-            with timer("adv"):
-                token_rewards, kl_metrics = self.advantages(batch)
-                metrics.update(kl_metrics)
-            if self.critic is not None:
-                with timer("update_critic"):
-                    metrics.update(self.update(self.critic, rows, ("values", "returns"), "critic"))
-            with timer("update_actor"):
-                keys = ("advantages",) + (() if fused else ("old_log_probs",))
-                keys += ("ref_log_probs",) if self.spec.algorithm.kl.loss.enabled else ()
-                keys += ("rollout_log_probs",) if self.spec.algorithm.rollout_correction.enabled else ()
-                metrics.update(self.update(self.actor, rows, keys, "actor"))
-                if fused:  # the old log-probs and entropy of the update's own forward, rows in rank order
-                    parts = self.actor.all("update_outputs")
-                    rows["old_log_probs"] = torch.cat([r["log_probs"] for r in parts])
-                    entropy = torch.cat([r["entropy"] for r in parts])
+            metrics, token_rewards, entropy = self.learn(batch, timer)
             with timer("update_weights"):
-                self.actor.all("sync_weights")
+                self.sync_weights()
         metrics.update(timer.metrics())
         metrics.update(self.step_metrics(batch, token_rewards, entropy, timer))
         return metrics
+
+    def overlapped_step(self) -> tuple[dict[str, float], int]:
+        """One step of ``rollout.overlap: oneStepOffPolicy`` (:mod:`kuberl.trainer.overlap`): train on the batch
+        generated during the last step while the engines generate the next one with the weights they hold, then
+        wait for that generation and only then sync this step's weights. Returns the metrics and the epoch of the
+        batch trained. ``timing_s/gen`` and ``timing_s/reward`` are the trained batch's (generated ahead),
+        ``timing_s/gen_wait`` the trainer's idle wait for a generation, ``timing_s/overlap`` how long the next
+        batch's generation ran alongside this step's passes."""
+        generation = self.generation
+        assert generation is not None, "made in setup with rollout.overlap oneStepOffPolicy"
+        timer = Timer()
+        with timer("step"):
+            if self.ahead is None:  # the first step of a run or of a resume: nothing was generated ahead
+                generation.submit(draw(self.loader))
+                with timer("gen_wait"):
+                    self.ahead = generation.wait()
+            current, self.ahead = self.ahead, None
+            if self.global_step + 1 < self.total_steps and not self.stop_requested:
+                generation.submit(draw(self.loader))  # with the weights the engines hold: one step behind
+            start = time.monotonic()
+            metrics, token_rewards, entropy = self.learn(current.rollouts, timer)
+            end = time.monotonic()
+            overlap = 0.0
+            if generation.busy:
+                with timer("gen_wait"):
+                    self.ahead = generation.wait()
+                overlap = overlap_seconds(self.ahead, start, end)
+            with timer("update_weights"):
+                self.sync_weights()
+        metrics.update(current.timer.metrics())
+        metrics.update(timer.metrics())
+        metrics["timing_s/overlap"] = overlap
+        metrics.update(self.step_metrics(current.rollouts, token_rewards, entropy, timer))
+        return metrics, current.drawn.epoch
+
+    def learn(self, batch: Rollouts, timer: Timer) -> tuple[dict[str, float], Tensor, Tensor | None]:
+        """old/reference log-probs, values → advantages → critic and actor updates on a generated batch. Returns
+        the update's metrics, the token rewards and the entropy (None when not computed)."""
+        rows = batch.rows
+        metrics = {**batch.metrics, **(self.agent.metrics() if self.agent is not None else {})}
+        entropy: Tensor | None = None
+        fused = self.plan.old_log_probs_from_update
+        if not fused:
+            with timer("old_log_prob"):
+                out = self.forward_all(self.actor, "compute_log_probs", rows)
+                rows["old_log_probs"], entropy = out["log_probs"], out.get("entropy")
+        if self.plan.uses_reference:
+            with timer("ref"):
+                rows["ref_log_probs"] = self.forward_all(self.actor, "compute_ref_log_probs", rows)["ref_log_probs"]
+        if self.critic is not None:
+            with timer("values"):
+                rows["values"] = self.forward_all(self.critic, "compute_values", rows)["values"]
+        with timer("adv"):
+            token_rewards, kl_metrics = self.advantages(batch)
+            metrics.update(kl_metrics)
+        if self.critic is not None:
+            with timer("update_critic"):
+                metrics.update(self.update(self.critic, rows, ("values", "returns"), "critic"))
+        with timer("update_actor"):
+            keys = ("advantages",) + (() if fused else ("old_log_probs",))
+            keys += ("ref_log_probs",) if self.spec.algorithm.kl.loss.enabled else ()
+            keys += ("rollout_log_probs",) if self.spec.algorithm.rollout_correction.enabled else ()
+            metrics.update(self.update(self.actor, rows, keys, "actor"))
+            if fused:  # the old log-probs and entropy of the update's own forward, rows in rank order
+                parts = self.actor.all("update_outputs")
+                rows["old_log_probs"] = torch.cat([r["log_probs"] for r in parts])
+                entropy = torch.cat([r["entropy"] for r in parts])
+        return metrics, token_rewards, entropy
+
+    def sync_weights(self) -> None:
+        """The updated weights into the rollout engine(s), as version ``global_step + 1`` (this step's result)."""
+        self.actor.all("sync_weights", self.global_step + 1)
 
     def advantages(self, batch: Rollouts) -> tuple[Tensor, dict[str, float]]:
         """Advantages and returns into the batch's rows. Returns the token rewards they came from (the score at the
@@ -365,7 +421,15 @@ class Trainer:
             peak_flops=self.cluster.peak_flops(),
             device_stats=self.cluster.device_stats(),
         )
-        return {**data, **perf}
+        staleness = staleness_metrics(batch.rows, policy_version=self.global_step)
+        allowed = 0 if self.generation is None else 1
+        if staleness and not 0 <= staleness["rollout/staleness"] <= allowed:
+            raise RuntimeError(  # the loop's order rules it out: weights reached the engines out of step
+                f"step {self.global_step + 1} trained on a batch generated by weights of step "
+                f"{staleness['rollout/weight_version']:.0f}, {staleness['rollout/staleness']:.0f} step(s) behind "
+                f"the policy (at most {allowed} with rollout.overlap {self.spec.rollout.overlap})"
+            )
+        return {**data, **perf, **staleness}
 
     def train_sampling(self) -> dict[str, Any]:
         r = self.spec.rollout
@@ -529,6 +593,8 @@ class Trainer:
     # --- teardown --------------------------------------------------------------------------------------------
 
     def shutdown(self) -> None:
+        if self.generation is not None:
+            self.generation.close()
         if hasattr(self, "reporting"):
             self.reporting.close()
         reward_fn = getattr(self, "reward_fn", None)  # None before setup got to it, or with a reward model

@@ -107,6 +107,17 @@ def perf_metrics(
     return m
 
 
+def staleness_metrics(rows: Rows, *, policy_version: int) -> dict[str, float]:
+    """How far behind the policy that trains on the rows their generating weights are: ``rollout/staleness`` is
+    ``policy_version`` (the step whose weights the update starts from) less the oldest ``weight_version`` the
+    engines stamped on the rows; 0 synchronous, 1 one-step-off-policy. Empty for rows without stamps (the agent
+    loop's)."""
+    if "weight_version" not in rows:
+        return {}
+    oldest = int(rows["weight_version"].min())
+    return {"rollout/weight_version": float(oldest), "rollout/staleness": float(policy_version - oldest)}
+
+
 def reduce_update_metrics(results: list[dict[str, float]], role: str) -> dict[str, float]:
     """Per-rank sums → verl's metrics: losses are sums of global shares (summed over ranks, averaged over
     optimizer steps); fractions are token-weighted."""

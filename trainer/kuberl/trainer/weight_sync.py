@@ -10,8 +10,13 @@ Two paths, one per ``rollout.placement``:
 - ``separate``: the engines live in their own Ray actors. On GPUs of their own, trainer rank 0 and every engine
   worker join one NCCL group (vLLM's ``nccl`` weight-transfer backend on both ends); rank 0 broadcasts packed
   buffers of ``bucket_mb`` and the engines unpack them into ``load_weights``. Sharing the trainer's GPUs, the
-  buffers travel by CUDA IPC instead (vLLM's ``ipc`` backend). Either way all trainer ranks iterate the shards
-  (the gathers are collectives).
+  buffers travel by CUDA IPC instead (vLLM's ``ipc`` backend). CPU engines (``hf``) get one state dict through the
+  Ray object store (:class:`ObjectStoreSender`). Either way all trainer ranks iterate the shards (the gathers are
+  collectives).
+
+Every send carries the weights' version, the trainer step they are the result of (0: the initial weights); the
+engines keep it and stamp every batch they generate with it (``weight_version``), so a batch's staleness is
+checkable against the step that trains it.
 
 Names are Hugging Face's (``model.layers.0.self_attn.q_proj.weight``); vLLM's ``load_weights`` maps them onto its
 fused layers. With tied embeddings the output head is the embedding matrix, so ``lm_head.weight`` is never sent.
@@ -31,9 +36,11 @@ from torch import Tensor, nn
 from kuberl.trainer.fsdp import LORA_PREFIX, full_named_parameters
 
 DEFAULT_BUCKET_MB = 512
-Transport = Literal["nccl", "ipc"]
-"""How a separate rollout receives weights: NCCL broadcast (GPUs of its own) or CUDA IPC (the trainer's GPUs)."""
-TRANSPORTS: tuple[str, ...] = get_args(Transport)
+Transport = Literal["nccl", "ipc", "object_store"]
+"""How a separate rollout receives weights: NCCL broadcast (GPUs of its own), CUDA IPC (the trainer's GPUs) or the
+Ray object store (CPU engines)."""
+VLLM_TRANSPORTS: tuple[str, ...] = get_args(Transport)[:2]
+"""The transports of vLLM's weight-transfer backends."""
 TIED_HEAD = "lm_head.weight"
 
 Bucket = list[tuple[str, Tensor]]
@@ -242,8 +249,8 @@ class WeightBroadcaster:
         group: BroadcastGroup | None = None,
         bucket_mb: int = DEFAULT_BUCKET_MB,
     ) -> None:
-        if transport not in TRANSPORTS:
-            raise ValueError(f"weight transport must be one of {TRANSPORTS}, got {transport!r}")
+        if transport not in VLLM_TRANSPORTS:
+            raise ValueError(f"weight transport must be one of {VLLM_TRANSPORTS}, got {transport!r}")
         if transport == "nccl" and group is None:
             raise ValueError("the nccl transport needs the BroadcastGroup where trainer rank 0 meets the engines")
         self.engines = list(engines)
@@ -272,8 +279,9 @@ class WeightBroadcaster:
 
         return ray.get([getattr(e, method).remote(*args) for e in self.engines])
 
-    def send(self, named: Iterable[tuple[str, Tensor]], metadata: Sequence[ParamMeta]) -> None:
-        """Send ``named`` (full tensors on this rank's GPU, in ``metadata``'s order) to every engine.
+    def send(self, named: Iterable[tuple[str, Tensor]], metadata: Sequence[ParamMeta], *, version: int) -> None:
+        """Send ``named`` (full tensors on this rank's GPU, in ``metadata``'s order) to every engine, which then
+        holds weights ``version``.
 
         Called on every trainer rank with the same iterator (it drives the FSDP gathers).
         """
@@ -299,7 +307,7 @@ class WeightBroadcaster:
             for _ in named:
                 pass
         if self.rank == 0:
-            self._on_engines("finish_weight_update")
+            self._on_engines("finish_weight_update", version)
 
     def _send_nccl(self, named: Iterator[tuple[str, Tensor]], metadata: Sequence[ParamMeta]) -> None:
         import ray
@@ -332,11 +340,37 @@ class WeightBroadcaster:
         )
 
     def send_fsdp(
-        self, model: nn.Module, *, dtype: torch.dtype = torch.bfloat16, lora_scaling: float | None = None
+        self, model: nn.Module, *, version: int, dtype: torch.dtype = torch.bfloat16, lora_scaling: float | None = None
     ) -> None:
         """:meth:`send` of an FSDP2 model's full weights."""
         metadata = fsdp_param_metadata(model, dtype=dtype, lora=lora_scaling is not None)
         named = rollout_named_tensors(
             full_named_parameters(model, lora_scaling=lora_scaling), tied=is_tied(_base(model))
         )
-        self.send(named, metadata)
+        self.send(named, metadata, version=version)
+
+
+class ObjectStoreSender:
+    """Trainer side of the ``separate`` path for CPU engines (``rollout.engine hf``): rank 0 puts the full state
+    dict into the Ray object store once and every engine loads it from there (no NCCL on CPU, no CUDA IPC). The
+    other ranks take part in the FSDP gathers only. Same construction and :meth:`send_fsdp` as
+    :class:`WeightBroadcaster`."""
+
+    def __init__(self, engines: Sequence[Any], *, rank: int) -> None:
+        self.engines = list(engines)
+        self.rank = rank
+
+    def send_fsdp(
+        self, model: nn.Module, *, version: int, dtype: torch.dtype = torch.float32, lora_scaling: float | None = None
+    ) -> None:
+        import ray
+
+        named = rollout_named_tensors(
+            full_named_parameters(model, lora_scaling=lora_scaling), tied=is_tied(_base(model)), dtype=dtype
+        )
+        if self.rank != 0:
+            for _ in named:
+                pass
+            return
+        state = ray.put({name: tensor.detach().cpu().clone() for name, tensor in named})
+        ray.get([e.load_weights.remote(state, version) for e in self.engines])

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from kuberl.trainer.rollout import ColocatedRollout
-    from kuberl.trainer.weight_sync import Transport, WeightBroadcaster
+    from kuberl.trainer.weight_sync import ObjectStoreSender, Transport, WeightBroadcaster
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,8 @@ class DistributedWorker:
 
         save_sharded(folder, rank=self.rank, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
 
-    def load_checkpoint(self, folder: str) -> None:
+    def load_checkpoint(self, folder: str, step: int) -> None:
+        """``step``: the step the checkpoint was saved at (the version of the weights it holds)."""
         from kuberl.trainer.checkpoint import load_sharded
 
         load_sharded(folder, rank=self.rank, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
@@ -293,10 +294,12 @@ class ActorWorker(DistributedWorker):
         params = num_params(model)
         self.build_policy(model, total_steps)
         eos_ids = sorted({self.tokenizer.eos_token_id, *_as_list(getattr(self.config, "eos_token_id", None))} - {None})
-        self.broadcaster: WeightBroadcaster | None = None
+        self.broadcaster: WeightBroadcaster | ObjectStoreSender | None = None
+        self.weight_version = 0
+        """The trainer step of the weights the rollout engine(s) hold (0: the initial ones)."""
         self.rollout = self.build_rollout(eos_ids)
         if self.rollout is not None:
-            self.sync_weights()
+            self.sync_weights(0)
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)  # DTensor numel is global
         return {
             "params": params,
@@ -359,22 +362,30 @@ class ActorWorker(DistributedWorker):
 
     def connect_rollout(self, engines: list[Any], transport: Transport, group: Any) -> None:
         """Join the weight transfer to the separate engines (on every rank; rank 0 blocks until they joined)."""
-        from kuberl.trainer.weight_sync import WeightBroadcaster
+        from kuberl.trainer.weight_sync import ObjectStoreSender, WeightBroadcaster
 
-        self.broadcaster = WeightBroadcaster(engines, rank=self.rank, transport=transport, group=group)
+        if transport == "object_store":
+            self.broadcaster = ObjectStoreSender(engines, rank=self.rank)
+        else:
+            self.broadcaster = WeightBroadcaster(engines, rank=self.rank, transport=transport, group=group)
 
-    def sync_weights(self) -> None:
-        """Send the gathered full weights to the rollout engine(s).
+    def sync_weights(self, version: int) -> None:
+        """Send the gathered full weights, the result of trainer step ``version``, to the rollout engine(s).
 
         Colocated, every rank streams into its own engine, whose KV cache stays asleep meanwhile (update_weights
-        wakes only the weights), which keeps the peak memory down; separate, the ranks feed the broadcaster.
+        wakes only the weights), which keeps the peak memory down; separate, the ranks feed the broadcaster (the
+        engines keep the version and stamp their batches with it).
         """
         if self.broadcaster is not None:
             self.broadcaster.send_fsdp(
-                self.model, dtype=getattr(torch, self.spec.model.dtype), lora_scaling=self.lora_scaling
+                self.model,
+                version=version,
+                dtype=fsdp.compute_dtype(self.spec.model.dtype, self.device.type),
+                lora_scaling=self.lora_scaling,
             )
         elif self.rollout is not None:
             self.rollout.update_weights(fsdp.full_named_parameters(self.model, lora_scaling=self.lora_scaling))
+        self.weight_version = version
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -382,11 +393,11 @@ class ActorWorker(DistributedWorker):
         if self.rollout is None:
             raise RuntimeError("this rank holds no rollout engine (rollout.placement separate): the driver generates")
         if self.rollout.needs_weights:  # e.g. validation put a vLLM engine into a sleep that dropped its weights
-            self.sync_weights()
+            self.sync_weights(self.weight_version)
         self.rollout.wake()
         batch = self.rollout.generate(prompts, n, **sampling)
         self.rollout.sleep()
-        return batch.as_rows()
+        return batch.stamped(self.weight_version).as_rows()
 
     # --- log-probs ---
 
@@ -500,9 +511,9 @@ class ActorWorker(DistributedWorker):
             publish_dir(hf, Path(folder) / "hf")
             write_json(Path(folder) / "lora.json", {} if self.lora_scaling is None else {"scaling": self.lora_scaling})
 
-    def load_checkpoint(self, folder: str) -> None:
-        super().load_checkpoint(folder)
-        self.sync_weights()
+    def load_checkpoint(self, folder: str, step: int) -> None:
+        super().load_checkpoint(folder, step)
+        self.sync_weights(step)
 
     def full_weights(self) -> dict[str, Tensor]:
         """The policy's full weights under Hugging Face names (LoRA merged); a collective: call on every rank."""

@@ -3,11 +3,15 @@
 It lives inside each actor rank's process (colocated). Each rank generates its share of the prompts with a full,
 unsharded copy of the weights that the rank refreshes after every update from the FSDP shards (``full_tensor`` per
 parameter); generating through the sharded model instead would all-gather every layer for every new token.
+
+On CPU it can also run separate (:class:`HFEngineActor`, one Ray actor per engine), which is how CI exercises the
+separate placement and the overlapped one-step-off-policy loop without GPUs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -121,3 +125,44 @@ class HFRollout(ColocatedRollout):
             if target is None:
                 raise KeyError(f"rollout model has no tensor {name!r}; the actor and rollout architectures differ")
             target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+
+
+class HFEngineActor:
+    """A Ray actor holding one CPU engine of a separate ``hf`` rollout: its own copy of the policy, refreshed from
+    the Ray object store (:class:`~kuberl.trainer.weight_sync.ObjectStoreSender`), every batch stamped with the
+    version of the weights it holds."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        pad_id: int,
+        eos_ids: list[int],
+        seed: int,
+        threads: int,
+        calculate_log_probs: bool,
+        max_batch_size: int,
+    ) -> None:
+        from kuberl.trainer.models import load_causal_lm
+
+        torch.set_num_threads(threads)
+        torch.manual_seed(seed)
+        self.rollout = HFRollout(
+            load_causal_lm(model_path, torch.float32),
+            pad_id=pad_id,
+            eos_ids=eos_ids,
+            calculate_log_probs=calculate_log_probs,
+            max_batch_size=max_batch_size,
+        )
+        self.weight_version = 0
+
+    def ready(self) -> bool:
+        return True
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: dict[str, Any]) -> dict[str, Tensor]:
+        return self.rollout.generate(prompts, n, **sampling).stamped(self.weight_version).as_rows()
+
+    def load_weights(self, state: dict[str, Tensor], version: int) -> None:
+        """Ray resolves the object-store reference the trainer sent into ``state`` before the call."""
+        self.rollout.update_weights(state.items())
+        self.weight_version = version

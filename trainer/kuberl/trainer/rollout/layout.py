@@ -16,6 +16,9 @@ Three for ``rollout.placement: separate``:
   own process on trainer rank ``i``'s GPU (a fraction of rank ``i``'s placement-group bundle), each side within its
   memory share (``rollout.gpuMemoryUtilization`` for the engine). NCCL refuses two ranks on one GPU, so weights
   travel by CUDA IPC: every rank shares a handle to its gathered buffer, the engine on that GPU maps it.
+
+CPU engines (``rollout.engine: hf`` with ``cluster.device: cpu``, CI's path of the separate placement) are
+**pools** or **disjoint** processes without GPUs; weights travel through the Ray object store.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ class RolloutLayout:
     kind: Literal["colocated", "pools", "disjoint", "shared"]
     engines: int
     gpus_per_engine: int
-    """rollout.tensorParallelSize."""
+    """rollout.tensorParallelSize; 0 for CPU engines."""
     transport: Transport | None
     """How a separate rollout receives weights; None when colocated (each rank loads its own engine)."""
 
@@ -66,6 +69,8 @@ def plan_rollout_layout(spec: RLJobSpec, *, cluster_gpus: float, rollout_pool_la
     rollout_gpus, trainer_gpus, engines = batch.rollout_gpus, batch.trainer_gpus, batch.rollout_engines
     if spec.rollout_pool is None:
         return RolloutLayout("colocated", engines, tp, None)
+    if spec.cluster.device == "cpu":
+        return RolloutLayout("pools" if rollout_pool_labelled else "disjoint", engines, 0, "object_store")
     if rollout_pool_labelled:
         return RolloutLayout("pools", engines, tp, "nccl")
     if cluster_gpus >= trainer_gpus + rollout_gpus:

@@ -11,7 +11,7 @@ Two placements (``spec.rollout.placement``):
   rank is an independent engine over its own prompts.
 - ``separate``: engines (:class:`SeparateVLLMEngine`) run in their own Ray actors (:class:`VLLMEngineActor`), on the rollout pool's GPUs or
   sharing the trainer's (:mod:`kuberl.trainer.rollout.layout`); the driver fans prompts out over them
-  (:class:`VLLMEngineGroup`) and the trainer sends new weights over NCCL or CUDA IPC
+  (:class:`~kuberl.trainer.rollout.engines.EngineGroup`) and the trainer sends new weights over NCCL or CUDA IPC
   (:class:`kuberl.trainer.weight_sync.WeightBroadcaster`). They never sleep.
 
 Rollout log-probs (``rollout.calculateLogProbs``) are vLLM's ``processed_logprobs`` of the sampled tokens: the
@@ -23,7 +23,6 @@ temperature, so ``training/rollout_probs_diff_*`` compares like with like when t
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -31,10 +30,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kuberl.trainer.rollout.base import ColocatedRollout, Rollout, RolloutBatch, left_pad, response_mask_from_eos
+from kuberl.trainer.rollout.base import ColocatedRollout, RolloutBatch, left_pad, response_mask_from_eos
 from kuberl.trainer.weight_sync import (
     DEFAULT_BUCKET_MB,
-    TRANSPORTS,
+    VLLM_TRANSPORTS,
     Bucket,
     bucketed,
     flatten,
@@ -376,8 +375,8 @@ class SeparateVLLMEngine(VLLMEngine):
     over NCCL or CUDA IPC (:class:`kuberl.trainer.weight_sync.WeightBroadcaster`)."""
 
     def __init__(self, model_path: str, *, weight_transfer: str = "nccl", **kwargs: Any) -> None:
-        if weight_transfer not in TRANSPORTS:
-            raise ValueError(f"weight transfer {weight_transfer!r} is not one of {TRANSPORTS}")
+        if weight_transfer not in VLLM_TRANSPORTS:
+            raise ValueError(f"weight transfer {weight_transfer!r} is not one of {VLLM_TRANSPORTS}")
         self.weight_transfer = weight_transfer
         self.in_process = weight_transfer == "ipc"  # CUDA IPC handles must reach the weight loader directly
         super().__init__(model_path, **kwargs)
@@ -413,9 +412,10 @@ class VLLMEngineActor:
 
     def __init__(self, model_path: str, **kwargs: Any) -> None:
         self.rollout = SeparateVLLMEngine(model_path, **kwargs)
+        self.weight_version = 0
 
     def generate(self, prompts: list[list[int]], n: int, sampling: dict[str, Any]) -> dict[str, Tensor]:
-        return self.rollout.generate(prompts, n, **sampling).as_rows()
+        return self.rollout.generate(prompts, n, **sampling).stamped(self.weight_version).as_rows()
 
     def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
         self.rollout.llm.init_weight_transfer_engine({"init_info": init_info})
@@ -426,80 +426,13 @@ class VLLMEngineActor:
     def update_weights(self, update_info: dict[str, Any]) -> None:
         self.rollout.receive_weights(update_info)
 
-    def finish_weight_update(self) -> None:
+    def finish_weight_update(self, version: int) -> None:
         self.rollout.finish_weight_update()
+        self.weight_version = version
+
+    def ready(self) -> float:
+        """The GPU memory in use once the engine is up (GiB)."""
+        return gpu_memory_in_use_gib()
 
     def gpu_memory_in_use_gib(self) -> float:
         return gpu_memory_in_use_gib()
-
-
-class VLLMEngineGroup(Rollout):
-    """Driver-side view of the separate engines: prompts are split evenly (whole prompts, so a GRPO group stays on
-    one engine) and the batches concatenated in prompt order. Weights arrive from the trainer ranks
-    (``WeightBroadcaster``), not through the driver."""
-
-    def __init__(self, engines: Sequence[Any], *, pad_id: int) -> None:
-        if not engines:
-            raise ValueError("a separate rollout needs at least one engine")
-        self.engines = list(engines)
-        self.pad_id = pad_id
-
-    @classmethod
-    def spawn(
-        cls, actor_options: Sequence[dict[str, Any]], model_path: str, *, pad_id: int, seed: int = 0, **kwargs: Any
-    ) -> VLLMEngineGroup:
-        """One engine actor per entry of ``actor_options`` (Ray options: GPUs, placement); engine ``i`` samples
-        with seed ``seed + i``. Waits until every engine is up."""
-        import ray
-
-        remote = ray.remote(VLLMEngineActor)
-        engines: list[Any] = [  # Ray actor handles
-            remote.options(**options).remote(model_path, pad_id=pad_id, seed=seed + i, **kwargs)
-            for i, options in enumerate(actor_options)
-        ]
-        ray.get([e.gpu_memory_in_use_gib.remote() for e in engines])
-        return cls(engines, pad_id=pad_id)
-
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        *,
-        temperature: float,
-        top_p: float = 1.0,
-        top_k: int = -1,
-        max_new_tokens: int,
-        stop: tuple[str, ...] = (),
-    ) -> RolloutBatch:
-        import ray
-
-        from kuberl.trainer.microbatch import concat
-
-        share = math.ceil(len(prompts) / len(self.engines))
-        sampling = {
-            "temperature": temperature,
-            "top_p": top_p,
-            "top_k": top_k,
-            "max_new_tokens": max_new_tokens,
-            "stop": stop,
-        }
-        parts = [
-            e.generate.remote(prompts[i * share : (i + 1) * share], n, sampling)
-            for i, e in enumerate(self.engines)
-            if prompts[i * share : (i + 1) * share]
-        ]
-        rows = ray.get(parts)
-        merged = rows[0] if len(rows) == 1 else concat(rows, self.pad_id)
-        return RolloutBatch(
-            merged["prompts"],
-            merged["prompt_mask"],
-            merged["responses"],
-            merged["response_mask"],
-            merged.get("rollout_log_probs"),
-        )
-
-    def kill(self) -> None:
-        import ray
-
-        for engine in self.engines:
-            ray.kill(engine)
