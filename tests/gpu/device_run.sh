@@ -3,7 +3,7 @@
 #   bash tests/gpu/device_run.sh install grpo                  # first long call
 #   bash tests/gpu/device_run.sh env tests bench-mfu bench-trl # next call, machine still warm
 # Stages: install (offline bundle staged in /root/stage, extra wheels, docs/gpu.md), env (only set up the
-# environment), tests (tests/gpu, one process per module), bench-sync, bench-rollout, bench-mfu, bench-trl,
+# environment), tests (tests/gpu, one process per module), bench-sync, bench-rollout, bench-mfu (MFU_ARGS), bench-trl,
 # grpo (GRPO_SPECS, tests/gpu/*.yaml), agent (tests/gpu/smollm2-agent-vllm.yaml), shape-1b (a random 1.1B llama
 # in /tmp/llama-1.1b for TRL_ARGS="--model /tmp/llama-1.1b"), plan (bench/plan_accuracy.py on the kuberl side of
 # the last bench-trl, whose TRL_ARGS must include --work-dir "$BENCH_DIR").
@@ -80,7 +80,8 @@ bench_rollout() {
 
 bench_mfu() {
   log "bench actor_mfu"
-  timeout 300 python3 bench/actor_mfu.py --out "$OUT/actor_mfu.json" --trainer-mfu "${TRAINER_MFU:-0.04}" 2>&1 \
+  # shellcheck disable=SC2086
+  timeout 300 python3 bench/actor_mfu.py --out "$OUT/actor_mfu.json" --trainer-mfu "${TRAINER_MFU:-0.04}" ${MFU_ARGS:-} 2>&1 \
     | grep -v -e "^INFO" -e "^WARNING" -e "^{" -e "FutureWarning" -e "warnings.warn" | tail -40 >> "$OUT/bench.log"
   log "bench actor_mfu: exit ${PIPESTATUS[0]}"
 }
