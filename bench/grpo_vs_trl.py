@@ -24,7 +24,7 @@ responses. Each side runs in a fresh subprocess, one after the other, so GPU mem
 
 Tokens count the same on both sides: prompt + response tokens (padding excluded, eos included) of every sampled
 response, i.e. each prompt once per sample. tokens/s of a side = tokens ÷ seconds summed over steps 2…N (step 1
-warms up and is left out). The two sides draw prompts from the same file in their own shuffled orders. A side that
+warms up and is left out; the one-step-off-policy side also leaves out step N, which generates nothing ahead). The two sides draw prompts from the same file in their own shuffled orders. A side that
 fails or outlives ``--timeout`` is recorded with the tail of its stderr; the JSON is written anyway and the exit
 code is 1. Usage (GPU machine, docs/gpu.md; TRL and the wheels it needs there from ``.device/x-trl``)::
 
@@ -80,11 +80,17 @@ def versions() -> dict[str, str | None]:
     return found
 
 
-def summarise(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-step tokens and seconds → tokens/s over steps 2…N (sum ÷ sum) and the mean of those steps' rates."""
-    measured = steps[1:]
+def summarise(steps: list[dict[str, Any]], *, generates_ahead: bool = False) -> dict[str, Any]:
+    """Per-step tokens and seconds → tokens/s over steps 2…N (sum ÷ sum) and the mean of those steps' rates.
+
+    ``generates_ahead`` (one-step-off-policy): steps 2…N−1 only. The last step of an overlapped run generates no
+    next batch, so it is shorter than a steady-state step and would flatter the rate."""
+    measured = steps[1:-1] if generates_ahead else steps[1:]
     if not measured:
-        raise ValueError("need at least 2 steps: step 1 is warm-up and not measured")
+        raise ValueError(
+            f"need at least {3 if generates_ahead else 2} steps: step 1 is warm-up"
+            + (" and the last generates nothing ahead" if generates_ahead else "")
+        )
     tokens = sum(s["tokens"] for s in measured)
     seconds = sum(s["seconds"] for s in measured)
     return {
@@ -96,10 +102,10 @@ def summarise(steps: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def measured(result: dict[str, Any], steps: int) -> dict[str, Any]:
+def measured(result: dict[str, Any], steps: int, *, generates_ahead: bool = False) -> dict[str, Any]:
     """Add the summary when every step was recorded, even if the process failed afterwards (e.g. at teardown)."""
     if len(result["steps"]) == steps:
-        result.update(summarise(result["steps"]))
+        result.update(summarise(result["steps"], generates_ahead=generates_ahead))
     elif "error" not in result:
         result["error"] = f"{len(result['steps'])} of {steps} steps recorded"
     return result
@@ -317,7 +323,7 @@ def run_kuberl(
         if "perf/total_num_tokens" in m
     ]
     result["steps"] = steps
-    return measured(result, args.steps)
+    return measured(result, args.steps, generates_ahead=overlap)
 
 
 # --- TRL side ----------------------------------------------------------------------------------------------------
@@ -542,8 +548,11 @@ def main() -> int:
         return trl_child(args.trl_child)
 
     total = args.prompts * args.group
-    if args.steps < 2:
-        parser.error("--steps must be at least 2: step 1 is warm-up and not measured")
+    if args.steps < (3 if args.overlap != "off" else 2):
+        parser.error(
+            "--steps must be at least 2 (3 with --overlap): step 1 is warm-up, an overlapped run's last step "
+            "generates nothing ahead; neither is measured"
+        )
     args.micro_batch = min(args.micro_batch, total)
     if total % args.micro_batch:
         parser.error(f"--micro-batch {args.micro_batch} must divide prompts × group = {total}")
@@ -590,7 +599,8 @@ def main() -> int:
             "data": data,
         },
         "tokens": "prompt + response tokens (eos included, padding excluded) of every response, per step",
-        "tokens_per_s": "sum of tokens ÷ sum of step seconds over steps 2…N (step 1 is warm-up)",
+        "tokens_per_s": "sum of tokens ÷ sum of step seconds over steps 2…N (step 1 is warm-up); 2…N−1 for "
+        "kuberl_overlap (its step N generates nothing ahead)",
     }
     kuberl_sides = {"off": ["kuberl"], "on": ["kuberl_overlap"], "both": ["kuberl", "kuberl_overlap"]}[args.overlap]
     sides = [*kuberl_sides, "trl"]
