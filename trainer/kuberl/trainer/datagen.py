@@ -129,7 +129,7 @@ def digit_copy(n: int, *, seed: int, split: str) -> list[dict[str, Any]]:
 CALCULATOR_CALL = '<tool_call>{{"name": "calculator", "arguments": {{"expression": "{}"}}}}</tool_call>'
 """The call the ``chat`` layout shows: the hermes syntax of tool-calling chat templates (``agent.callFormat: hermes``)."""
 SHORT_CALCULATOR_CALL = '{{"arguments":{{"expression":"{}"}},"name":"calculator"}}'
-"""The call the ``short`` layout asks for: bare JSON (``agent.callFormat: json``), 56 characters, the expression
+"""The call the ``short`` layout asks for: bare JSON (``agent.callFormat: json``), 57 characters, the expression
 first, so it starts 28 characters into the call."""
 ARITHMETIC_LAYOUTS = ("chat", "short")
 

@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layout", choices=ARITHMETIC_LAYOUTS, default="short", help="kuberl data arithmetic layout")
     parser.add_argument("--rows", type=int, default=4000, help="arithmetic rows (split 'warmup', seed --seed)")
     parser.add_argument("--call-share", type=float, default=0.3, help="share of demonstrations that call the tool")
-    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
