@@ -11,7 +11,7 @@ from kuberl.trainer.datagen import arithmetic
 from kuberl.trainer.models import TINY_SCHEME, load_causal_lm, tiny_tokenizer
 from kuberl.trainer.rollout.agent import AgentLoop, ObservationRenderer, find_call
 from kuberl.trainer.tools import calculator
-from kuberl.trainer.warmup import arithmetic_demonstration, save_policy, warm_up
+from kuberl.trainer.warmup import arithmetic_demonstration, main, save_policy, warm_up
 from tests.trainer.test_agent_loop import ScriptedPolicy
 
 TOKENIZER = tiny_tokenizer()
@@ -100,3 +100,12 @@ def test_warm_up_lowers_the_loss_and_the_saved_folder_loads_by_path(tmp_path: Pa
     ids = torch.tensor([TOKENIZER.encode(prompt_text(ROW), add_special_tokens=False)])
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_the_warm_up_command_writes_a_policy_that_loads_by_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "warm"
+    assert main([str(out), "--model", TINY, "--rows", "8", "--steps", "2", "--batch-size", "2"]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    assert load_causal_lm(str(out), torch.float32).config.hidden_size == 32
