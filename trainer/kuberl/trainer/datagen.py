@@ -149,7 +149,7 @@ def arithmetic(n: int, *, seed: int, split: str, layout: str = "chat") -> list[d
     if layout not in ARITHMETIC_LAYOUTS:
         raise ValueError(f"layout {layout!r}: use one of {ARITHMETIC_LAYOUTS}")
     rng = random.Random(f"arithmetic:{seed}:{split}" + ("" if layout == "chat" else f":{layout}"))
-    rows = []
+    rows: list[dict[str, Any]] = []
     while len(rows) < n:
         a, b = rng.randint(100, 999), rng.randint(11, 99)
         expression = f"{a}*{b}"
