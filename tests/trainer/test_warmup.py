@@ -83,6 +83,12 @@ def test_a_row_whose_ground_truth_is_not_the_product_is_refused() -> None:
         arithmetic_demonstration(row, TOKENIZER, RENDERER, call=True)
 
 
+def test_a_row_without_its_call_is_refused() -> None:
+    row = {**ROW, "extra_info": {k: v for k, v in ROW["extra_info"].items() if k != "call"}}
+    with pytest.raises(ValueError, match=r"no extra_info\.call to demonstrate"):
+        arithmetic_demonstration(row, TOKENIZER, RENDERER, call=True)
+
+
 def test_bad_warm_up_settings_name_the_setting() -> None:
     model = load_causal_lm(TINY, torch.float32)
     with pytest.raises(ValueError, match=r"call_share=1\.5"):

@@ -59,6 +59,11 @@ def arithmetic_demonstration(
             f"row {row['extra_info']}: the calculator gives {product} for {expression!r}, the ground truth is "
             f"{row['reward_model']['ground_truth']!r}; not a kuberl data arithmetic row"
         )
+    if call and "call" not in row["extra_info"]:
+        raise ValueError(
+            f"row {row['extra_info']}: no extra_info.call to demonstrate; rows written by kuberl data arithmetic "
+            "carry the call that solves them"
+        )
     answer = [*tokenizer.encode(product, add_special_tokens=False), *eos]
     response: list[tuple[list[int], int]] = []
     if call:
