@@ -70,6 +70,15 @@ def test_data_gsm8k_synth_writes_rows(tmp_path):
     assert len(out.read_text().splitlines()) == 3
 
 
+def test_data_arithmetic_writes_the_requested_layout(tmp_path, capsys):
+    out = tmp_path / "a.jsonl"
+    assert main(["data", "arithmetic", "--layout", "short", "--output-file", str(out), "--n", "4"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["prompt"][0]["content"] for r in rows] == [r["extra_info"]["expression"] for r in rows]
+    assert main(["data", "digits", "--layout", "short", "--output-file", str(out)]) == 1
+    assert "--layout shapes arithmetic problems; the digits task takes none" in capsys.readouterr().err
+
+
 def test_stats_prints_the_length_report(tmp_path, capsys):
     out = tmp_path / "d.jsonl"
     main(["data", "digits", "--output-file", str(out), "--n", "20"])

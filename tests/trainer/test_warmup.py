@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from kuberl.api.spec import Agent
-from kuberl.trainer.datagen import CALCULATOR_CALL, arithmetic
+from kuberl.trainer.datagen import arithmetic
 from kuberl.trainer.models import TINY_SCHEME, load_causal_lm, tiny_tokenizer
-from kuberl.trainer.rollout.agent import AgentLoop, ObservationRenderer
-from kuberl.trainer.warmup import arithmetic_demonstration, save_policy, warm_up
+from kuberl.trainer.rollout.agent import AgentLoop, ObservationRenderer, find_call
+from kuberl.trainer.tools import calculator
+from kuberl.trainer.warmup import arithmetic_demonstration, main, save_policy, warm_up
 from tests.trainer.test_agent_loop import ScriptedPolicy
 
 TOKENIZER = tiny_tokenizer()
@@ -23,14 +24,16 @@ def prompt_text(row: dict) -> str:
     return str(TOKENIZER.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False))
 
 
-def test_a_call_demonstration_is_the_trajectory_the_agent_loop_builds() -> None:
-    demo = arithmetic_demonstration(ROW, TOKENIZER, RENDERER, call=True)
-    prompt = prompt_text(ROW)
-    product = ROW["reward_model"]["ground_truth"]
-    call = CALCULATOR_CALL.format(ROW["extra_info"]["expression"])
+@pytest.mark.parametrize(("layout", "call_format"), [("chat", "hermes"), ("short", "json")])
+def test_a_call_demonstration_is_the_trajectory_the_agent_loop_builds(layout: str, call_format: str) -> None:
+    row = arithmetic(1, seed=0, split="train", layout=layout)[0]
+    demo = arithmetic_demonstration(row, TOKENIZER, RENDERER, call=True)
+    prompt = prompt_text(row)
+    product = row["reward_model"]["ground_truth"]
+    call = row["extra_info"]["call"]
     # the same turns through the real loop and the real calculator in its worker process
     agent = AgentLoop(
-        Agent.model_validate({"tools": [{"name": "calculator"}], "maxTurns": 3}),
+        Agent.model_validate({"tools": [{"name": "calculator"}], "maxTurns": 3, "callFormat": call_format}),
         TOKENIZER,
         eos_ids=[TOKENIZER.eos_token_id],
         pad_id=TOKENIZER.pad_token_id,
@@ -55,6 +58,18 @@ def test_a_call_demonstration_is_the_trajectory_the_agent_loop_builds() -> None:
     )
 
 
+def test_short_rows_are_solved_by_their_json_call_at_fixed_lengths() -> None:
+    """What the tiny policy copies sits at a fixed distance: 6-character expressions, 5-digit products."""
+    for row in arithmetic(200, seed=0, split="train", layout="short"):
+        expression = row["prompt"][0]["content"]
+        call = find_call(row["extra_info"]["call"], "json")
+        assert call is not None and call.name == "calculator" and not call.problem
+        assert call.arguments == {"expression": expression} and len(expression) == 6
+        assert calculator(expression) == row["reward_model"]["ground_truth"] and len(calculator(expression)) == 5
+    with pytest.raises(ValueError, match="layout 'long'"):
+        arithmetic(1, seed=0, split="train", layout="long")
+
+
 def test_a_direct_demonstration_answers_the_product_at_once() -> None:
     demo = arithmetic_demonstration(ROW, TOKENIZER, RENDERER, call=False)
     prompt_length = len(TOKENIZER.encode(prompt_text(ROW), add_special_tokens=False))
@@ -65,6 +80,12 @@ def test_a_direct_demonstration_answers_the_product_at_once() -> None:
 def test_a_row_whose_ground_truth_is_not_the_product_is_refused() -> None:
     row = {**ROW, "reward_model": {"style": "rule", "ground_truth": "7"}}
     with pytest.raises(ValueError, match="the ground truth is '7'; not a kuberl data arithmetic row"):
+        arithmetic_demonstration(row, TOKENIZER, RENDERER, call=True)
+
+
+def test_a_row_without_its_call_is_refused() -> None:
+    row = {**ROW, "extra_info": {k: v for k, v in ROW["extra_info"].items() if k != "call"}}
+    with pytest.raises(ValueError, match=r"no extra_info\.call to demonstrate"):
         arithmetic_demonstration(row, TOKENIZER, RENDERER, call=True)
 
 
@@ -85,3 +106,12 @@ def test_warm_up_lowers_the_loss_and_the_saved_folder_loads_by_path(tmp_path: Pa
     ids = torch.tensor([TOKENIZER.encode(prompt_text(ROW), add_special_tokens=False)])
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_the_warm_up_command_writes_a_policy_that_loads_by_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "warm"
+    assert main([str(out), "--model", TINY, "--rows", "8", "--steps", "2", "--batch-size", "2"]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    assert load_causal_lm(str(out), torch.float32).config.hidden_size == 32

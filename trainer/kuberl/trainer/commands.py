@@ -88,6 +88,12 @@ def add_commands(
         metavar=("MIN", "MAX"),
         help="gsm8k-synth: arithmetic steps per problem, inclusive range (default 1 3)",
     )
+    data_p.add_argument(
+        "--layout",
+        choices=("chat", "short"),
+        help="arithmetic: chat (the question in words, the hermes call shown; default) or short (the bare "
+        "expression, a JSON call: what a tiny model learns)",
+    )
     data_p.set_defaults(func=make_handler("data"))
 
     stats_p = sub.add_parser("stats", help="token-length percentiles of a dataset and suggested length limits")
@@ -239,6 +245,9 @@ def plot(args: argparse.Namespace) -> int:
 def data(args: argparse.Namespace) -> int:
     from kuberl.trainer import datagen
 
+    if args.layout is not None and args.task != "arithmetic":
+        print(f"error: --layout shapes arithmetic problems; the {args.task} task takes none", file=sys.stderr)
+        return 1
     if args.task == "gsm8k-synth":
         shape = {}  # only what was given, so the defaults stay gsm8k_synth's
         if args.max_operand is not None:
@@ -257,7 +266,7 @@ def data(args: argparse.Namespace) -> int:
         )
         return 1
     elif args.task == "arithmetic":
-        datagen.main_arithmetic(args.output_file, args.n, args.seed, args.split)
+        datagen.main_arithmetic(args.output_file, args.n, args.seed, args.split, args.layout or "chat")
     else:
         try:
             datagen.main_digit_copy(args.output_file, args.n, args.seed, args.split)

@@ -127,33 +127,46 @@ def digit_copy(n: int, *, seed: int, split: str) -> list[dict[str, Any]]:
 
 
 CALCULATOR_CALL = '<tool_call>{{"name": "calculator", "arguments": {{"expression": "{}"}}}}</tool_call>'
+"""The call the ``chat`` layout shows: the hermes syntax of tool-calling chat templates (``agent.callFormat: hermes``)."""
+SHORT_CALCULATOR_CALL = '{{"arguments":{{"expression":"{}"}},"name":"calculator"}}'
+"""The call the ``short`` layout asks for: bare JSON (``agent.callFormat: json``), 57 characters, the expression
+first, so it starts 28 characters into the call."""
+ARITHMETIC_LAYOUTS = ("chat", "short")
 
 
-def arithmetic(n: int, *, seed: int, split: str) -> list[dict[str, Any]]:
-    """``n`` products of a 3-digit and a 2-digit number, with the calculator call that solves them shown in the
-    prompt; scored by ``final_answer`` on the policy's last turn (``rollout.agent`` with the calculator tool).
+def arithmetic(n: int, *, seed: int, split: str, layout: str = "chat") -> list[dict[str, Any]]:
+    """``n`` products of a 3-digit and a 2-digit number, scored by ``final_answer`` on the policy's last turn
+    (``rollout.agent`` with the calculator tool); ``extra_info["call"]`` is the call that solves the row.
 
-    Why this task: small models rarely multiply such numbers right on their own, and the call is spelled out, so
-    a policy that learns to call the tool and then repeat its answer gets the reward (docs/agentic.md).
+    ``chat``: the question in words with the hermes call spelled out, for chat models.
+    ``short``: the prompt is the bare expression (``275*31``), the products have 5 digits and the call is
+    :data:`SHORT_CALCULATOR_CALL`, so the expression and the tool's answer sit at fixed, short distances from where
+    the policy copies them: the variant a tiny CPU model learns (tests/trainer/test_agent_learning_cpu.py).
+
+    Why this task: small models rarely multiply such numbers right on their own, and the call is known, so a
+    policy that learns to call the tool and then repeat its answer gets the reward (docs/agentic.md).
     """
-    rng = random.Random(f"arithmetic:{seed}:{split}")
-    rows = []
-    for index in range(n):
+    if layout not in ARITHMETIC_LAYOUTS:
+        raise ValueError(f"layout {layout!r}: use one of {ARITHMETIC_LAYOUTS}")
+    rng = random.Random(f"arithmetic:{seed}:{split}" + ("" if layout == "chat" else f":{layout}"))
+    rows: list[dict[str, Any]] = []
+    while len(rows) < n:
         a, b = rng.randint(100, 999), rng.randint(11, 99)
         expression = f"{a}*{b}"
+        if layout == "chat":
+            call = CALCULATOR_CALL.format(expression)
+            content = f"What is {a} times {b}? Call the calculator with {call} and then answer with the number only."
+        elif a * b < 10_000:
+            continue
+        else:
+            call, content = SHORT_CALCULATOR_CALL.format(expression), expression
         rows.append(
             {
                 "data_source": "kuberl/arithmetic",
-                "prompt": [
-                    {
-                        "role": "user",
-                        "content": f"What is {a} times {b}? Call the calculator with {CALCULATOR_CALL.format(expression)}"
-                        " and then answer with the number only.",
-                    }
-                ],
+                "prompt": [{"role": "user", "content": content}],
                 "ability": "arithmetic",
                 "reward_model": {"style": "rule", "ground_truth": str(a * b)},
-                "extra_info": {"split": split, "index": index, "expression": expression},
+                "extra_info": {"split": split, "index": len(rows), "expression": expression, "call": call},
             }
         )
     return rows
@@ -170,10 +183,10 @@ def main_gsm8k_synth(
     )
 
 
-def main_arithmetic(out: str, n: int, seed: int, split: str) -> None:
+def main_arithmetic(out: str, n: int, seed: int, split: str, layout: str = "chat") -> None:
     """``kuberl data arithmetic``: write ``n`` calculator-tool problems to ``out`` (.parquet or .jsonl)."""
-    path = write_rows(arithmetic(n, seed=seed, split=split), out)
-    print(f"wrote {n} rows (data_source kuberl/arithmetic, split {split}, seed {seed}) to {path}")
+    path = write_rows(arithmetic(n, seed=seed, split=split, layout=layout), out)
+    print(f"wrote {n} rows (data_source kuberl/arithmetic, layout {layout}, split {split}, seed {seed}) to {path}")
 
 
 def main_digit_copy(out: str, n: int, seed: int, split: str) -> None:

@@ -1,17 +1,24 @@
 """Supervised warm-up of a policy on demonstrations of the calculator task (``kuberl data arithmetic``).
 
-Why: a randomly initialised tiny model never writes the 84-character call syntax, so RL on the agent task gets no
-signal. A few seconds of supervised training on demonstrations, some that call the calculator and the rest that
-answer the product directly, give a starting policy that calls the tool in part of its samples and cannot multiply
-without it; RL must then raise the call rate and the reward (tests/trainer/test_agent_learning_cpu.py).
+Why: a randomly initialised tiny model never writes a tool call, so RL on the agent task gets no signal. Training
+on demonstrations, some that call the calculator and the rest that answer the product directly, gives a starting
+policy that calls the tool in part of its samples (about ``call_share``) and cannot multiply without it; RL must then
+raise the call rate and the reward (tests/trainer/test_agent_learning_cpu.py). The policy must also copy: the
+expression into its call, the tool's output into its answer. On the ``short`` layout the example's tiny llama learns
+both (the copies sit at fixed, short distances); on the ``chat`` layout it learns the call syntax but never the
+operands (docs/agentic.md has the measurements).
 
 Demonstrations are token ids laid out exactly as :class:`~kuberl.trainer.rollout.agent.AgentLoop` builds a
-trajectory (the call from :data:`~kuberl.trainer.datagen.CALCULATOR_CALL`, the tool turn from the loop's own
+trajectory (the row's ``extra_info["call"]``, the tool turn from the loop's own
 :class:`~kuberl.trainer.rollout.agent.ObservationRenderer`, the observation from the builtin calculator), with the
-loss on the policy's tokens only.
+loss on the policy's tokens only. ``python -m kuberl.trainer.warmup OUT`` writes the warmed policy of
+examples/agent-calculator-cpu.yaml.
 """
 
+import argparse
 import random
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,10 +26,13 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from kuberl.trainer.datagen import CALCULATOR_CALL
-from kuberl.trainer.models import save_hf
+from kuberl.trainer.datagen import ARITHMETIC_LAYOUTS, arithmetic
+from kuberl.trainer.models import load_causal_lm, load_tokenizer, save_hf
 from kuberl.trainer.rollout.agent import ObservationRenderer
 from kuberl.trainer.tools import calculator
+
+WARM_MODEL = "tiny://llama?hidden=64&layers=2&heads=4&kv_heads=2&seed=0"
+"""The tiny model of examples/agent-calculator-cpu.yaml."""
 
 
 @dataclass(frozen=True)
@@ -49,10 +59,15 @@ def arithmetic_demonstration(
             f"row {row['extra_info']}: the calculator gives {product} for {expression!r}, the ground truth is "
             f"{row['reward_model']['ground_truth']!r}; not a kuberl data arithmetic row"
         )
+    if call and "call" not in row["extra_info"]:
+        raise ValueError(
+            f"row {row['extra_info']}: no extra_info.call to demonstrate; rows written by kuberl data arithmetic "
+            "carry the call that solves them"
+        )
     answer = [*tokenizer.encode(product, add_special_tokens=False), *eos]
     response: list[tuple[list[int], int]] = []
     if call:
-        response.append(([*tokenizer.encode(CALCULATOR_CALL.format(expression), add_special_tokens=False), *eos], 1))
+        response.append(([*tokenizer.encode(row["extra_info"]["call"], add_special_tokens=False), *eos], 1))
         response.append((renderer.ids(product, after_eos=True), 0))
     response.append((answer, 1))
     ids, mask = list(prompt), [0] * len(prompt)
@@ -98,12 +113,16 @@ def warm_up(
     renderer = ObservationRenderer(tokenizer, "chat_template")
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
+    built: dict[tuple[int, bool], Demonstration] = {}
+
+    def demonstration(index: int, call: bool) -> Demonstration:
+        if (index, call) not in built:
+            built[index, call] = arithmetic_demonstration(rows[index], tokenizer, renderer, call=call)
+        return built[index, call]
+
     losses = []
     for _ in range(steps):
-        demonstrations = [
-            arithmetic_demonstration(rng.choice(rows), tokenizer, renderer, call=rng.random() < call_share)
-            for _ in range(batch_size)
-        ]
+        demonstrations = [demonstration(rng.randrange(len(rows)), rng.random() < call_share) for _ in range(batch_size)]
         ids, attention, labels = batch_tensors(demonstrations, int(tokenizer.pad_token_id))
         loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
         optimizer.zero_grad()
@@ -117,3 +136,44 @@ def warm_up(
 def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
     """A Hugging Face folder that ``model.path`` loads by path."""
     return save_hf(model.state_dict(), model.config, tokenizer, str(out_dir))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kuberl.trainer.warmup``: warm a tiny policy up on ``kuberl data arithmetic`` rows and save it."""
+    parser = argparse.ArgumentParser(prog="python -m kuberl.trainer.warmup", description=main.__doc__)
+    parser.add_argument("out", help="the Hugging Face folder to write (model.path loads it)")
+    parser.add_argument("--model", default=WARM_MODEL, help=f"the policy to start from (default {WARM_MODEL})")
+    parser.add_argument("--layout", choices=ARITHMETIC_LAYOUTS, default="short", help="kuberl data arithmetic layout")
+    parser.add_argument("--rows", type=int, default=4000, help="arithmetic rows (split 'warmup', seed --seed)")
+    parser.add_argument("--call-share", type=float, default=0.3, help="share of demonstrations that call the tool")
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    tokenizer = load_tokenizer(args.model)
+    torch.manual_seed(args.seed)
+    model = load_causal_lm(args.model, torch.float32)
+    rows = arithmetic(args.rows, seed=args.seed, split="warmup", layout=args.layout)
+    started = time.monotonic()
+    losses = warm_up(
+        model,
+        tokenizer,
+        rows,
+        call_share=args.call_share,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+    )
+    out = save_policy(model, tokenizer, args.out)
+    print(
+        f"warmed {args.model} on {args.rows} {args.layout} rows: {args.steps} steps × {args.batch_size}, call share "
+        f"{args.call_share}, lr {args.lr}, seed {args.seed}; loss {losses[0]:.3f} → {losses[-1]:.3f} in "
+        f"{time.monotonic() - started:.0f} s; wrote {out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
