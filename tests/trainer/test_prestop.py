@@ -16,6 +16,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -23,6 +24,9 @@ from e2e.harness import free_port
 from e2e.raypods import RAY_ENV, process_tree
 from kuberl.api.contract import ENV_RAY_AUTH_MODE, ENV_RAY_AUTH_TOKEN, RAY_AUTH_MODE_TOKEN
 from kuberl.trainer.prestop import main, stop_jobs, wait_for_head
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobSubmissionClient
 
 SAVE_SECONDS = 5  # the driver's "save" after SIGTERM: longer than Ray's default RAY_JOB_STOP_WAIT_TIME_S (3 s)
 
@@ -74,13 +78,19 @@ def dashboard() -> Iterator[str]:
         head.wait()
 
 
-def submit(address: str, out: Path, save_seconds: float) -> str:
+def client(address: str) -> JobSubmissionClient:
+    """A job client with the fixture's token as its own header (Ray's token loader keeps the first token it read in a
+    process, which another test's Ray may have set)."""
     from ray.job_submission import JobSubmissionClient
 
+    return JobSubmissionClient(address, headers={"Authorization": f"Bearer {os.environ[ENV_RAY_AUTH_TOKEN]}"})
+
+
+def submit(address: str, out: Path, save_seconds: float) -> str:
     out.mkdir()
     driver = out / "driver.py"
     driver.write_text(DRIVER)
-    job = JobSubmissionClient(address).submit_job(entrypoint=f"{sys.executable} {driver} {out} {save_seconds}")
+    job = client(address).submit_job(entrypoint=f"{sys.executable} {driver} {out} {save_seconds}")
     deadline = time.monotonic() + 60
     while not (out / "started").exists():
         assert time.monotonic() < deadline, "the job's driver did not start"
@@ -92,7 +102,7 @@ def submit(address: str, out: Path, save_seconds: float) -> str:
 def test_the_head_hook_stops_the_job_and_waits_for_its_save_while_the_worker_hook_waits(
     dashboard: str, tmp_path: Path
 ) -> None:
-    from ray.job_submission import JobStatus, JobSubmissionClient
+    from ray.job_submission import JobStatus
 
     job = submit(dashboard, tmp_path / "job", SAVE_SECONDS)
     worker_done: list[float] = []
@@ -108,7 +118,7 @@ def test_the_head_hook_stops_the_job_and_waits_for_its_save_while_the_worker_hoo
     took = time.monotonic() - started
     assert (tmp_path / "job" / "saved").exists(), "the driver got SIGTERM and finished its save"
     assert took >= SAVE_SECONDS - 0.5, f"the hook returned before the save was done ({took:.1f} s)"
-    assert JobSubmissionClient(dashboard).get_job_status(job) == JobStatus.STOPPED
+    assert client(dashboard).get_job_status(job) == JobStatus.STOPPED
     worker.join(timeout=30)
     assert worker_done and worker_done[0] >= started + SAVE_SECONDS - 0.5, "the worker's hook ended with the job"
 

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from kuberl.api.contract import HEAD_DASHBOARD, PRESTOP_MODULE
+from kuberl.api.contract import ENV_RAY_AUTH_TOKEN, HEAD_DASHBOARD, PRESTOP_MODULE
 
 DASHBOARD_PORT = 8265  # KubeRay's default dashboard port (the operator does not change it)
 ENV_HEAD_HOST = "FQ_RAY_IP"  # KubeRay's variable on worker pods: the head Service's fully qualified name
@@ -30,10 +30,12 @@ POLL_SECONDS = 1.0
 
 
 def _client(dashboard: str) -> Any:
-    """A job client of the dashboard at `dashboard`; it sends the Ray token of RAY_AUTH_TOKEN (KubeRay sets it)."""
+    """A job client of the dashboard at `dashboard` that sends the Ray token of RAY_AUTH_TOKEN (KubeRay sets it) as
+    its own header: Ray's token loader reads the variable once per process and keeps it."""
     from ray.job_submission import JobSubmissionClient
 
-    return JobSubmissionClient(dashboard)
+    token = os.environ.get(ENV_RAY_AUTH_TOKEN)
+    return JobSubmissionClient(dashboard, headers={"Authorization": f"Bearer {token}"} if token else None)
 
 
 def _running(client: Any) -> list[str]:
