@@ -9,13 +9,12 @@ tolerance of test_placements.py), since a large learning rate moves the policy v
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import yaml
 
 from tests.gpu.conftest import MODEL
+from tests.trainer.kuberl_cli import kuberl_run
 
 pytestmark = pytest.mark.gpu
 
@@ -67,21 +66,7 @@ def rljob(train_file: str) -> dict:
 def test_each_batch_is_generated_one_step_behind_alongside_the_update(train_file, tmp_path, record):
     spec_file = tmp_path / "rljob.yaml"
     spec_file.write_text(yaml.safe_dump(rljob(train_file)))
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kuberl.cli",
-            "run",
-            str(spec_file),
-            "--run-dir",
-            str(tmp_path / "run"),
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    run = kuberl_run(spec_file, tmp_path / "run", timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "1 separate vLLM engine(s) of 1 GPU(s), shared layout, weights by ipc" in run.stdout
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

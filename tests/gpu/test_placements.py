@@ -6,13 +6,12 @@ on the previous step's, and a large learning rate makes every step move the poli
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import yaml
 
 from tests.gpu.conftest import MODEL
+from tests.trainer.kuberl_cli import kuberl_run
 
 pytestmark = pytest.mark.gpu
 
@@ -66,21 +65,7 @@ def rljob(placement: str, train_file: str) -> dict:
 def test_rollout_log_probs_match_the_trainer_after_every_transfer(placement, train_file, tmp_path, record):
     spec_file = tmp_path / "rljob.yaml"
     spec_file.write_text(yaml.safe_dump(rljob(placement, train_file)))
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kuberl.cli",
-            "run",
-            str(spec_file),
-            "--run-dir",
-            str(tmp_path / "run"),
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    run = kuberl_run(spec_file, tmp_path / "run", timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if "training/rollout_probs_diff_mean" in s]
