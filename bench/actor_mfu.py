@@ -20,6 +20,7 @@ function at S = prompt + response.
     python bench/actor_mfu.py --out bench/results/actor_mfu.json --trainer-mfu 0.04        # one H200, ~1 min
     python bench/actor_mfu.py --device cpu --models tiny --prompt-len 16 --response-len 16 --micro-batch 2 4 \\
         --mini-batch 4 --warmup 1 --iters 2 --out /tmp/actor_mfu.json                     # CPU smoke check
+    python bench/actor_mfu.py --models qwen2-0.5b --micro-batch 64 --grad-ckpt off --profile 25  # where it goes
 """
 
 from __future__ import annotations
@@ -106,8 +107,35 @@ def random_rows(n: int, prompt_len: int, response_len: int, vocab: int):
     }
 
 
-def measure(worker, rows, *, warmup: int, iters: int) -> dict:
-    """Seconds of ``worker.update`` (one optimizer step over ``rows``) and the peak memory it allocated."""
+def profile_update(worker, rows, totals, top: int) -> list[dict]:
+    """One more ``worker.update`` under torch.profiler: the ``top`` operators by their own time on the device (CPU
+    time on a CPU run), to show where the update's time goes beyond the matmuls that MFU counts."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = worker.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        worker.update([rows], totals)
+        if cuda:
+            torch.cuda.synchronize()
+    self_time = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, self_time), reverse=True)
+    total = sum(getattr(e, self_time) for e in events) or 1.0
+    return [
+        {
+            "op": e.key,
+            "self_ms": round(getattr(e, self_time) / 1e3, 2),
+            "share": round(getattr(e, self_time) / total, 4),
+            "calls": e.count,
+        }
+        for e in events[:top]
+    ]
+
+
+def measure(worker, rows, *, warmup: int, iters: int, profile_top: int = 0) -> dict:
+    """Seconds of ``worker.update`` (one optimizer step over ``rows``) and the peak memory it allocated; with
+    ``profile_top``, the update's costliest operators (:func:`profile_update`, after the timed iterations)."""
     import torch
 
     cuda = worker.device.type == "cuda"
@@ -126,11 +154,14 @@ def measure(worker, rows, *, warmup: int, iters: int) -> dict:
             torch.cuda.synchronize()
         if i >= warmup:
             seconds.append(time.perf_counter() - start)
-    return {
+    result = {
         "iter_s": statistics.median(seconds),
         "iter_s_all": [round(s, 4) for s in seconds],
         "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
     }
+    if profile_top:
+        result["profile_top"] = profile_update(worker, rows, totals, profile_top)
+    return result
 
 
 def significant(x: float, digits: int = 4) -> float:
@@ -186,7 +217,7 @@ def run_model(name: str, args: argparse.Namespace, worker) -> list[dict]:
                 "head_share_counted_not_run": round(head_share, 4),
             }
             try:
-                row.update(measure(worker, rows, warmup=args.warmup, iters=args.iters))
+                row.update(measure(worker, rows, warmup=args.warmup, iters=args.iters, profile_top=args.profile))
             except torch.OutOfMemoryError as error:  # larger micro-batches would not fit either
                 row["error"] = f"out of memory: {str(error).splitlines()[0]}"
                 results.append(row)
@@ -205,6 +236,8 @@ def run_model(name: str, args: argparse.Namespace, worker) -> list[dict]:
             )
             results.append(row)
             print(json.dumps(row), flush=True)
+            for op in row.get("profile_top", []):
+                print(f"  {op['self_ms']:9.2f} ms  {op['share']:6.1%}  ×{op['calls']:<5} {op['op'][:90]}", flush=True)
         free_actor(worker)
     return results
 
@@ -276,6 +309,13 @@ def main() -> int:
         type=float,
         default=None,
         help="perf/mfu/actor of a GRPO run (0.017-0.036 per step in bench/results/grpo_smollm2.json)",
+    )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after timing, profile one update: its N costliest operators",
     )
     parser.add_argument("--out", default="bench/results/actor_mfu.json")
     args = parser.parse_args()
