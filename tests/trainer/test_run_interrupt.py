@@ -16,8 +16,18 @@ TINY = "tiny://llama?hidden=32&layers=1&heads=2&kv_heads=1&seed=0"
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_stop_signal_saves_a_checkpoint_at_the_step_boundary_and_exits_128_plus_it(tmp_path, signum, code):
+@pytest.mark.parametrize(
+    ("signum", "code", "whole_group"),
+    [
+        # Ctrl-C: the terminal signals the foreground process group, the embedded Ray's processes included
+        (signal.SIGINT, 130, True),
+        # SIGTERM: `kill`, `timeout`, and Ray's job stop that the pods' preStop hook calls signal the driver itself
+        (signal.SIGTERM, 143, False),
+    ],
+)
+def test_a_stop_signal_saves_a_checkpoint_at_the_step_boundary_and_exits_128_plus_it(
+    tmp_path, signum, code, whole_group
+):
     doc = {
         "apiVersion": "kuberl.io/v1alpha1",
         "kind": "RLJob",
@@ -47,7 +57,7 @@ def test_a_stop_signal_saves_a_checkpoint_at_the_step_boundary_and_exits_128_plu
     spec_file.write_text(yaml.safe_dump(doc))
     env = cli_env()
     metrics = tmp_path / "run" / "metrics.jsonl"
-    # a new session, signalled as a whole, is what a terminal's Ctrl-C does to the foreground process group
+    # a session of its own, so that a signal to its process group reaches this run's processes only
     proc = subprocess.Popen(
         run_command(str(spec_file), str(tmp_path / "run")),
         cwd=REPO,
@@ -62,7 +72,10 @@ def test_a_stop_signal_saves_a_checkpoint_at_the_step_boundary_and_exits_128_plu
         while time.monotonic() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
             assert proc.poll() is None, proc.stdout.read()
             time.sleep(0.5)
-        os.killpg(proc.pid, signum)
+        if whole_group:
+            os.killpg(proc.pid, signum)
+        else:
+            os.kill(proc.pid, signum)
         output, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
