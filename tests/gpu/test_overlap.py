@@ -13,21 +13,12 @@ import json
 import pytest
 import yaml
 
-from tests.gpu.conftest import MODEL
+from tests.gpu.conftest import MODEL, ROLLOUT_PROBS_TOLERANCE
 from tests.trainer.kuberl_cli import kuberl_run
 
 pytestmark = pytest.mark.gpu
 
 STEPS = 4
-IN_STEP_TOLERANCE = 0.01
-"""Mean |Δp| per token of an on-policy batch (test_placements.py)."""
-
-
-@pytest.fixture(scope="module")
-def train_file(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from kuberl.trainer.datagen import gsm8k_synth, write_rows
-
-    return str(write_rows(gsm8k_synth(64, seed=0, split="train"), str(tmp_path_factory.mktemp("data") / "t.parquet")))
 
 
 def rljob(train_file: str) -> dict:
@@ -80,5 +71,5 @@ def test_each_batch_is_generated_one_step_behind_alongside_the_update(train_file
     }
     assert [s["rollout/weight_version"] for s in steps] == [0, *range(STEPS - 1)]
     assert [s["rollout/staleness"] for s in steps] == [0] + [1] * (STEPS - 1)
-    assert steps[0]["training/rollout_probs_diff_mean"] < IN_STEP_TOLERANCE
+    assert steps[0]["training/rollout_probs_diff_mean"] < ROLLOUT_PROBS_TOLERANCE
     assert all(s["timing_s/overlap"] > 0 for s in steps[:-1])

@@ -10,21 +10,12 @@ import json
 import pytest
 import yaml
 
-from tests.gpu.conftest import MODEL
+from tests.gpu.conftest import MODEL, ROLLOUT_PROBS_TOLERANCE
 from tests.trainer.kuberl_cli import kuberl_run
 
 pytestmark = pytest.mark.gpu
 
 STEPS = 3
-TOLERANCE = 0.01
-"""Mean |Δp| per token; verl's rule of thumb for a healthy rollout/trainer pair is below 0.005."""
-
-
-@pytest.fixture(scope="module")
-def train_file(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from kuberl.trainer.datagen import gsm8k_synth, write_rows
-
-    return str(write_rows(gsm8k_synth(64, seed=0, split="train"), str(tmp_path_factory.mktemp("data") / "t.parquet")))
 
 
 def rljob(placement: str, train_file: str) -> dict:
@@ -78,4 +69,4 @@ def test_rollout_log_probs_match_the_trainer_after_every_transfer(placement, tra
     if placement == "separate":
         assert "1 separate vLLM engine(s) of 1 GPU(s), shared layout, weights by ipc" in run.stdout
     assert len(diffs) == STEPS
-    assert max(diffs) < TOLERANCE, diffs
+    assert max(diffs) < ROLLOUT_PROBS_TOLERANCE, diffs
