@@ -21,6 +21,41 @@ ROLLOUT_PROBS_TOLERANCE = 0.01
 for a healthy rollout/trainer pair is below 0.005)."""
 
 
+def short_grpo_job(name: str, train_file: str, *, placement: str, steps: int) -> dict:
+    """A few GRPO steps of MODEL with vLLM (16 prompts × 4, responses ≤ 64 tokens, no saves but the last, no
+    validation), each pool one GPU; a separate placement gets a rollout pool of its own (one GPU: the shared layout)."""
+    pool = {"nodes": 1, "gpusPerNode": 1, "cpu": "4", "memory": "32Gi"}
+    cluster = {"device": "cuda", "trainer": dict(pool)} | ({"rollout": dict(pool)} if placement == "separate" else {})
+    return {
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"path": MODEL, "dtype": "bfloat16"},
+            "algorithm": {"advantageEstimator": "grpo"},
+            "data": {"trainFiles": [train_file], "maxPromptLength": 256, "maxResponseLength": 64},
+            "reward": {"function": "gsm8k"},
+            "batch": {"trainBatchSize": 16, "rolloutN": 4, "ppoMiniBatchSize": 16, "ppoMicroBatchSizePerGPU": 32},
+            "rollout": {
+                "engine": "vllm",
+                "placement": placement,
+                "gpuMemoryUtilization": 0.2,
+                "enforceEager": True,
+                "temperature": 1.0,
+                "calculateLogProbs": True,
+            },
+            "actor": {"optim": {"lr": 5.0e-5, "weightDecay": 0.0}},
+            "trainer": {
+                "totalSteps": steps,
+                "saveFreq": 0,
+                "testFreq": 0,
+                "checkpointDir": f"runs/{name}/checkpoints",  # under the working directory
+            },
+            "cluster": cluster,
+        },
+    }
+
+
 @pytest.fixture(scope="module")
 def train_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     """64 generated GSM8K-style problems in verl's parquet schema, for the tests' short `kuberl run`s."""

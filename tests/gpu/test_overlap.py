@@ -13,7 +13,7 @@ import json
 import pytest
 import yaml
 
-from tests.gpu.conftest import MODEL, ROLLOUT_PROBS_TOLERANCE
+from tests.gpu.conftest import ROLLOUT_PROBS_TOLERANCE, short_grpo_job
 from tests.trainer.kuberl_cli import kuberl_run
 
 pytestmark = pytest.mark.gpu
@@ -22,36 +22,11 @@ STEPS = 4
 
 
 def rljob(train_file: str) -> dict:
-    pool = {"nodes": 1, "gpusPerNode": 1, "cpu": "4", "memory": "32Gi"}
-    return {
-        "apiVersion": "kuberl.io/v1alpha1",
-        "kind": "RLJob",
-        "metadata": {"name": "overlap"},
-        "spec": {
-            "model": {"path": MODEL, "dtype": "bfloat16"},
-            "algorithm": {"advantageEstimator": "grpo", "rolloutCorrection": {"enabled": True}},
-            "data": {"trainFiles": [train_file], "maxPromptLength": 256, "maxResponseLength": 64},
-            "reward": {"function": "gsm8k"},
-            "batch": {"trainBatchSize": 16, "rolloutN": 4, "ppoMiniBatchSize": 16, "ppoMicroBatchSizePerGPU": 32},
-            "rollout": {
-                "engine": "vllm",
-                "placement": "separate",
-                "overlap": "oneStepOffPolicy",
-                "gpuMemoryUtilization": 0.2,
-                "enforceEager": True,
-                "temperature": 1.0,
-                "calculateLogProbs": True,
-            },
-            "actor": {"optim": {"lr": 5.0e-5, "weightDecay": 0.0}},
-            "trainer": {
-                "totalSteps": STEPS,
-                "saveFreq": 0,
-                "testFreq": 0,
-                "checkpointDir": "runs/overlap/checkpoints",  # under the working directory
-            },
-            "cluster": {"device": "cuda", "trainer": dict(pool), "rollout": dict(pool)},
-        },
-    }
+    """test_placements.py's separate job, one step off policy and with the rollout correction it calls for."""
+    job = short_grpo_job("overlap", train_file, placement="separate", steps=STEPS)
+    job["spec"]["rollout"]["overlap"] = "oneStepOffPolicy"
+    job["spec"]["algorithm"]["rolloutCorrection"] = {"enabled": True}
+    return job
 
 
 def test_each_batch_is_generated_one_step_behind_alongside_the_update(train_file, tmp_path, record):

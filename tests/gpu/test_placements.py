@@ -10,7 +10,7 @@ import json
 import pytest
 import yaml
 
-from tests.gpu.conftest import MODEL, ROLLOUT_PROBS_TOLERANCE
+from tests.gpu.conftest import ROLLOUT_PROBS_TOLERANCE, short_grpo_job
 from tests.trainer.kuberl_cli import kuberl_run
 
 pytestmark = pytest.mark.gpu
@@ -19,37 +19,7 @@ STEPS = 3
 
 
 def rljob(placement: str, train_file: str) -> dict:
-    cluster = {"device": "cuda", "trainer": {"nodes": 1, "gpusPerNode": 1, "cpu": "4", "memory": "32Gi"}}
-    if placement == "separate":
-        cluster["rollout"] = {"nodes": 1, "gpusPerNode": 1, "cpu": "4", "memory": "32Gi"}
-    return {
-        "apiVersion": "kuberl.io/v1alpha1",
-        "kind": "RLJob",
-        "metadata": {"name": f"placement-{placement}"},
-        "spec": {
-            "model": {"path": MODEL, "dtype": "bfloat16"},
-            "algorithm": {"advantageEstimator": "grpo"},
-            "data": {"trainFiles": [train_file], "maxPromptLength": 256, "maxResponseLength": 64},
-            "reward": {"function": "gsm8k"},
-            "batch": {"trainBatchSize": 16, "rolloutN": 4, "ppoMiniBatchSize": 16, "ppoMicroBatchSizePerGPU": 32},
-            "rollout": {
-                "engine": "vllm",
-                "placement": placement,
-                "gpuMemoryUtilization": 0.2,
-                "enforceEager": True,
-                "temperature": 1.0,
-                "calculateLogProbs": True,
-            },
-            "actor": {"optim": {"lr": 5.0e-5, "weightDecay": 0.0}},
-            "trainer": {
-                "totalSteps": STEPS,
-                "saveFreq": 0,
-                "testFreq": 0,
-                "checkpointDir": f"runs/placement-{placement}/checkpoints",  # under the working directory
-            },
-            "cluster": cluster,
-        },
-    }
+    return short_grpo_job(f"placement-{placement}", train_file, placement=placement, steps=STEPS)
 
 
 @pytest.mark.parametrize("placement", ["colocated", "separate"])
