@@ -70,12 +70,6 @@ def agg_loss(
     raise ValueError(f"unknown loss aggregation mode {mode!r}; valid modes: {', '.join(LOSS_AGG_MODES)}")
 
 
-def weighted(losses: Tensor, token_weights: Tensor | None) -> Tensor:
-    """Per-token losses times ``token_weights`` (e.g. :func:`rollout_is_weights`), before aggregation: the token and
-    sequence counts :func:`agg_loss` divides by stay those of the mask."""
-    return losses if token_weights is None else losses * token_weights.to(losses.dtype)
-
-
 def rollout_is_ratio(old_log_probs: Tensor, rollout_log_probs: Tensor) -> Tensor:
     """π_old/π_rollout per token: the trainer's probability of each sampled token over the rollout engine's,
     exp of the log ratio clamped to ±20 so that a far-off token cannot overflow (verl's safety bound)."""
@@ -139,6 +133,31 @@ class PolicyLossConfig:
         )
 
 
+@dataclass(frozen=True)
+class Aggregation:
+    """How a policy loss turns its per-token losses into its share of the mini-batch loss: :func:`agg_loss`'s mode and
+    counts, after the per-token ``token_weights`` (e.g. :func:`rollout_is_weights`). The weights scale the losses
+    only: the token and sequence counts divided by stay those of the mask."""
+
+    mode: str
+    batch_tokens: float
+    batch_seqs: float
+    loss_scale_factor: float | None = None
+    token_weights: Tensor | None = None
+
+    def __call__(self, losses: Tensor, mask: Tensor) -> Tensor:
+        if self.token_weights is not None:
+            losses = losses * self.token_weights.to(losses.dtype)
+        return agg_loss(
+            losses,
+            mask,
+            self.mode,
+            batch_tokens=self.batch_tokens,
+            batch_seqs=self.batch_seqs,
+            loss_scale_factor=self.loss_scale_factor,
+        )
+
+
 class PolicyLossFn(Protocol):
     """The signature every registered policy loss has; it returns ``(loss share, metrics)``."""
 
@@ -150,11 +169,7 @@ class PolicyLossFn(Protocol):
         mask: Tensor,
         *,
         config: PolicyLossConfig,
-        agg_mode: str,
-        batch_tokens: float,
-        batch_seqs: float,
-        loss_scale_factor: float | None = None,
-        rollout_is_weights: Tensor | None = None,
+        agg: Aggregation,
     ) -> tuple[Tensor, dict[str, Tensor]]: ...
 
 
@@ -186,22 +201,13 @@ def policy_loss(
     loss_scale_factor: float | None = None,
     rollout_is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Run the policy loss registered as ``config.loss_mode``."""
+    """Run the policy loss registered as ``config.loss_mode``, aggregated as :class:`Aggregation` says
+    (``rollout_is_weights`` become its token weights)."""
     if config.loss_mode not in POLICY_LOSSES:
         known = ", ".join(sorted(POLICY_LOSSES))
         raise ValueError(f"unknown policy loss {config.loss_mode!r}; known losses: {known}")
-    return POLICY_LOSSES[config.loss_mode](
-        log_probs,
-        old_log_probs,
-        advantages,
-        mask,
-        config=config,
-        agg_mode=agg_mode,
-        batch_tokens=batch_tokens,
-        batch_seqs=batch_seqs,
-        loss_scale_factor=loss_scale_factor,
-        rollout_is_weights=rollout_is_weights,
-    )
+    agg = Aggregation(agg_mode, batch_tokens, batch_seqs, loss_scale_factor, rollout_is_weights)
+    return POLICY_LOSSES[config.loss_mode](log_probs, old_log_probs, advantages, mask, config=config, agg=agg)
 
 
 def _metrics(mask: Tensor, clipped: Tensor | None, clipped_lower: Tensor | None, kl: Tensor) -> dict[str, Tensor]:
@@ -223,11 +229,7 @@ def vanilla(
     mask: Tensor,
     *,
     config: PolicyLossConfig,
-    agg_mode: str,
-    batch_tokens: float,
-    batch_seqs: float,
-    loss_scale_factor: float | None = None,
-    rollout_is_weights: Tensor | None = None,
+    agg: Aggregation,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate (Schulman et al. 2017, arXiv 1707.06347) with dual clip.
 
@@ -247,14 +249,7 @@ def vanilla(
     dual_bound = -advantages * config.clip_ratio_c
     negative = advantages < 0
     losses = torch.where(negative, torch.minimum(clip_loss, dual_bound), clip_loss)
-    loss = agg_loss(
-        weighted(losses, rollout_is_weights),
-        mask,
-        agg_mode,
-        batch_tokens=batch_tokens,
-        batch_seqs=batch_seqs,
-        loss_scale_factor=loss_scale_factor,
-    )
+    loss = agg(losses, mask)
     return loss, _metrics(mask, clipped > unclipped, negative & (clip_loss > dual_bound), -log_ratio)
 
 
@@ -266,18 +261,14 @@ def gspo(
     mask: Tensor,
     *,
     config: PolicyLossConfig,
-    agg_mode: str,
-    batch_tokens: float,
-    batch_seqs: float,
-    loss_scale_factor: float | None = None,
-    rollout_is_weights: Tensor | None = None,
+    agg: Aggregation,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO (Zheng et al. 2025, arXiv 2507.18071): one importance ratio per sequence, clipped per sequence.
 
     s_i = exp(Σ_t (log π − log π_old) / |y_i|), the length-normalised sequence ratio; per token the
     ratio is s_{i,t} = sg[s_i]·π/sg[π] (value s_i, gradient of the token's log π; log s_{i,t} ≤ 10), and
     L = max(−A·s_{i,t}, −A·clip(s_{i,t}, 1 − clip_ratio_low, 1 + clip_ratio_high)), aggregated by
-    ``agg_mode`` (the paper's is seq-mean-token-mean). No dual clip. ``pg_clipfrac_lower`` is 0.
+    ``agg`` (the paper's is seq-mean-token-mean). No dual clip. ``pg_clipfrac_lower`` is 0.
     """
     mask_f = mask.to(log_probs.dtype)
     log_ratio = log_probs - old_log_probs
@@ -287,14 +278,7 @@ def gspo(
     unclipped = -advantages * seq_ratio
     clipped = -advantages * seq_ratio.clamp(1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high)
     losses = torch.maximum(unclipped, clipped)
-    loss = agg_loss(
-        weighted(losses, rollout_is_weights),
-        mask,
-        agg_mode,
-        batch_tokens=batch_tokens,
-        batch_seqs=batch_seqs,
-        loss_scale_factor=loss_scale_factor,
-    )
+    loss = agg(losses, mask)
     return loss, _metrics(mask, clipped > unclipped, None, -log_ratio)
 
 
@@ -306,25 +290,14 @@ def gpg(
     mask: Tensor,
     *,
     config: PolicyLossConfig,
-    agg_mode: str,
-    batch_tokens: float,
-    batch_seqs: float,
-    loss_scale_factor: float | None = None,
-    rollout_is_weights: Tensor | None = None,
+    agg: Aggregation,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GPG (Chu et al. 2025, arXiv 2504.02546): plain policy gradient L = −A·log π, no ratio and no clip.
 
     Metrics are 0, as verl reports them for this loss.
     """
     losses = -advantages * log_probs
-    loss = agg_loss(
-        weighted(losses, rollout_is_weights),
-        mask,
-        agg_mode,
-        batch_tokens=batch_tokens,
-        batch_seqs=batch_seqs,
-        loss_scale_factor=loss_scale_factor,
-    )
+    loss = agg(losses, mask)
     return loss, _metrics(mask, None, None, torch.zeros_like(log_probs))
 
 
@@ -336,11 +309,7 @@ def clip_cov(
     mask: Tensor,
     *,
     config: PolicyLossConfig,
-    agg_mode: str,
-    batch_tokens: float,
-    batch_seqs: float,
-    loss_scale_factor: float | None = None,
-    rollout_is_weights: Tensor | None = None,
+    agg: Aggregation,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clip-Cov (Cui et al. 2025, arXiv 2505.22617): detach the gradient of a few high-covariance tokens.
 
@@ -365,14 +334,7 @@ def clip_cov(
         chosen = index[torch.randperm(index.numel(), device=index.device)[:budget]]
         detached = torch.zeros_like(valid).flatten().index_fill_(0, chosen, True).view_as(valid)
     losses = torch.maximum(unclipped, clipped) * (~detached).to(log_probs.dtype)
-    loss = agg_loss(
-        weighted(losses, rollout_is_weights),
-        mask,
-        agg_mode,
-        batch_tokens=batch_tokens,
-        batch_seqs=batch_seqs,
-        loss_scale_factor=loss_scale_factor,
-    )
+    loss = agg(losses, mask)
     return loss, _metrics(mask, detached, None, -log_ratio)
 
 
@@ -384,11 +346,7 @@ def kl_cov(
     mask: Tensor,
     *,
     config: PolicyLossConfig,
-    agg_mode: str,
-    batch_tokens: float,
-    batch_seqs: float,
-    loss_scale_factor: float | None = None,
-    rollout_is_weights: Tensor | None = None,
+    agg: Aggregation,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """KL-Cov (Cui et al. 2025, arXiv 2505.22617): a KL penalty on the highest-covariance tokens.
 
@@ -408,14 +366,7 @@ def kl_cov(
         top = torch.topk(cov, min(max(1, int(index.numel() * config.kl_cov_ratio)), index.numel())).indices
         penalised = torch.zeros_like(valid).flatten().index_fill_(0, index[top], True).view_as(valid)
     losses = torch.where(penalised, pg_losses + config.ppo_kl_coef * abs_kl, pg_losses)
-    loss = agg_loss(
-        weighted(losses, rollout_is_weights),
-        mask,
-        agg_mode,
-        batch_tokens=batch_tokens,
-        batch_seqs=batch_seqs,
-        loss_scale_factor=loss_scale_factor,
-    )
+    loss = agg(losses, mask)
     return loss, _metrics(mask, None, None, abs_kl)
 
 
@@ -427,21 +378,17 @@ def geo_mean(
     mask: Tensor,
     *,
     config: PolicyLossConfig,
-    agg_mode: str,
-    batch_tokens: float,
-    batch_seqs: float,
-    loss_scale_factor: float | None = None,
-    rollout_is_weights: Tensor | None = None,
+    agg: Aggregation,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GMPO (Zhao et al. 2025, arXiv 2507.20673): the geometric mean of the token ratios, clipped per token.
 
     With δ = log π − log π_old and s = sign(A), each token's δ is clipped pessimistically,
     δ' = s·min(s·δ, s·clip(δ, −clip_ratio_low, clip_ratio_high)); per sequence
     L_i = −Ā_i·exp(mean_t δ'), Ā_i the sequence's mean advantage, and the loss is Σ_i L_i / batch_seqs
-    whatever ``agg_mode`` says (verl's loss is a mean over sequences). ``pg_clipfrac`` /
+    whatever ``agg.mode`` says (verl's loss is a mean over sequences). ``pg_clipfrac`` /
     ``pg_clipfrac_lower``: share of tokens whose δ was outside the band, with A > 0 / A < 0.
     """
-    if rollout_is_weights is not None:
+    if agg.token_weights is not None:
         raise ValueError("geo_mean has one loss per sequence: token-level rollout importance weights do not apply")
     mask_f = mask.to(log_probs.dtype)
     log_ratio = log_probs - old_log_probs
@@ -451,7 +398,7 @@ def geo_mean(
     lengths = mask_f.sum(-1) + GEO_MEAN_EPS
     seq_ratio = torch.exp((pessimistic * mask_f).sum(-1) / lengths)
     seq_advantage = (advantages * mask_f).sum(-1) / lengths
-    loss = (-seq_advantage * seq_ratio).sum() / batch_seqs
+    loss = (-seq_advantage * seq_ratio).sum() / agg.batch_seqs
     outside = log_ratio != bounded
     return loss, _metrics(mask, outside & (advantages > 0), outside & (advantages < 0), -log_ratio)
 
@@ -464,11 +411,7 @@ def cispo(
     mask: Tensor,
     *,
     config: PolicyLossConfig,
-    agg_mode: str,
-    batch_tokens: float,
-    batch_seqs: float,
-    loss_scale_factor: float | None = None,
-    rollout_is_weights: Tensor | None = None,
+    agg: Aggregation,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (MiniMax-M1, arXiv 2506.13585): clip the importance weight, not the update.
 
@@ -480,14 +423,7 @@ def cispo(
     ratio = torch.exp(log_ratio)
     weight = ratio.clamp(1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high)
     losses = -weight.detach() * advantages * log_probs
-    loss = agg_loss(
-        weighted(losses, rollout_is_weights),
-        mask,
-        agg_mode,
-        batch_tokens=batch_tokens,
-        batch_seqs=batch_seqs,
-        loss_scale_factor=loss_scale_factor,
-    )
+    loss = agg(losses, mask)
     return loss, _metrics(mask, ratio != weight, None, -log_ratio)
 
 
