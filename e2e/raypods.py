@@ -50,12 +50,11 @@ from urllib.parse import urlsplit
 from kubernetes import client
 
 from e2e.harness import free_port
-from kuberl.api.contract import RAY_AUTH_ENV
+from kuberl.api.contract import DASHBOARD_PORT, RAY_AUTH_ENV
 
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
 RLJOB_LABEL = "kuberl.io/rljob"
 SERVICE_HOST = re.compile(r"([a-z0-9-]+)\.([a-z0-9-]+)\.svc\.cluster\.local:(\d+)")
-POD_DASHBOARD_PORT = 8265  # the head's dashboard port in a pod (KubeRay's default); each local head has its own
 HOP_HEADERS = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "transfer-encoding", "upgrade"}
 
 
@@ -127,7 +126,7 @@ class Head:
         in-pod address (KubeRay's port) at this head's port."""
         for mount_path, local in self.mounts.items():
             text = text.replace(mount_path, str(local))
-        return text.replace(f"127.0.0.1:{POD_DASHBOARD_PORT}", f"127.0.0.1:{self.dashboard_port}")
+        return text.replace(f"127.0.0.1:{DASHBOARD_PORT}", f"127.0.0.1:{self.dashboard_port}")
 
 
 class _Proxy(ThreadingHTTPServer):

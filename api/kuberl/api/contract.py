@@ -84,7 +84,8 @@ def entrypoint(name: str, namespace: str) -> str:
 # --- the Ray pods' preStop hooks (kuberl.trainer.prestop) ---------------------------------------------------------
 
 PRESTOP_MODULE = "kuberl.trainer.prestop"
-HEAD_DASHBOARD = "http://127.0.0.1:8265"  # the head's own dashboard (KubeRay's default port), where the hook stops jobs
+DASHBOARD_PORT = 8265  # the Ray dashboard's port on the head (KubeRay's default, which the operator renders)
+HEAD_DASHBOARD = f"http://127.0.0.1:{DASHBOARD_PORT}"  # the head's own dashboard, where the hook stops jobs
 RAY_JOB_STOP_WAIT_ENV = "RAY_JOB_STOP_WAIT_TIME_S"  # Ray's job supervisor SIGKILLs a stopped driver after this (3 s)
 
 

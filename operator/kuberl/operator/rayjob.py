@@ -16,6 +16,7 @@ from typing import Any
 from kuberl.api.contract import (
     API_VERSION,
     CHECKPOINT_MOUNT,
+    DASHBOARD_PORT,
     ENV_REPORT_STATUS,
     ENV_RLJOB_NAMESPACE,
     ENV_RLJOB_UID,
@@ -50,7 +51,7 @@ RESERVED_MOUNT_PURPOSE = {SPEC_DIR: "the spec", SHM_PATH: "shared memory", CHECK
 RESERVED_MOUNT_PATHS = tuple(RESERVED_MOUNT_PURPOSE)
 
 # Ports KubeRay would add by default (constant.go), declared so that Services and PodMonitors can name them.
-HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001), ("metrics", 8080))
+HEAD_PORTS = (("gcs-server", 6379), ("dashboard", DASHBOARD_PORT), ("client", 10001), ("metrics", 8080))
 WORKER_PORTS = (("metrics", 8080),)
 
 # Ray's token authentication exists from Ray 2.52; KubeRay parses rayVersion as a semantic version and refuses older.

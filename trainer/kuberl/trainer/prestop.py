@@ -22,9 +22,8 @@ import sys
 import time
 from typing import Any
 
-from kuberl.api.contract import ENV_RAY_AUTH_TOKEN, HEAD_DASHBOARD, PRESTOP_MODULE
+from kuberl.api.contract import DASHBOARD_PORT, ENV_RAY_AUTH_TOKEN, HEAD_DASHBOARD, PRESTOP_MODULE
 
-DASHBOARD_PORT = 8265  # KubeRay's default dashboard port (the operator does not change it)
 ENV_HEAD_HOST = "FQ_RAY_IP"  # KubeRay's variable on worker pods: the head Service's fully qualified name
 POLL_SECONDS = 1.0
 

@@ -36,11 +36,11 @@ from torch import Tensor, nn
 from kuberl.trainer.fsdp import LORA_PREFIX, full_named_parameters
 
 DEFAULT_BUCKET_MB = 512
-Transport = Literal["nccl", "ipc", "object_store"]
-"""How a separate rollout receives weights: NCCL broadcast (GPUs of its own), CUDA IPC (the trainer's GPUs) or the
-Ray object store (CPU engines)."""
-VLLM_TRANSPORTS: tuple[str, ...] = get_args(Transport)[:2]
-"""The transports of vLLM's weight-transfer backends."""
+VLLMTransport = Literal["nccl", "ipc"]
+"""vLLM's weight-transfer backends: NCCL broadcast (GPUs of its own) or CUDA IPC (the trainer's GPUs)."""
+VLLM_TRANSPORTS: tuple[str, ...] = get_args(VLLMTransport)
+Transport = Literal[VLLMTransport, "object_store"]
+"""How a separate rollout receives weights: a vLLM backend, or the Ray object store (CPU engines)."""
 TIED_HEAD = "lm_head.weight"
 
 Bucket = list[tuple[str, Tensor]]

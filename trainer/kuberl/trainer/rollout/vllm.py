@@ -430,9 +430,6 @@ class VLLMEngineActor:
         self.rollout.finish_weight_update()
         self.weight_version = version
 
-    def ready(self) -> float:
-        """The GPU memory in use once the engine is up (GiB)."""
-        return gpu_memory_in_use_gib()
-
-    def gpu_memory_in_use_gib(self) -> float:
-        return gpu_memory_in_use_gib()
+    def ready(self) -> bool:
+        """Answers once the engine is up (the constructor has loaded the model)."""
+        return True
