@@ -75,3 +75,32 @@ def test_the_largest_tensor_is_one_chunk_of_logits_not_all_of_them(grad):
     assert unchunked.largest == N * V * 4
     # one chunk of float32 logits, or the head's weight (and its gradient), whichever is larger
     assert chunked.largest == max(chunk, H) * V * 4
+
+
+@pytest.mark.parametrize(
+    "head_kind, temperature, entropy_weight",
+    [("linear-with-bias", 0.0, 0.0), ("linear-with-bias", 1.3, -0.5), ("other-module", 0.7, 0.3)],
+)
+def test_biased_greedy_and_wrapped_heads_equal_the_full_logits(head_kind, temperature, entropy_weight):
+    """The fused backward with a bias, with the entropy returned but not differentiated, and at temperature 0
+    (unscaled logits); a head that is not a plain ``nn.Linear`` (a LoRA-wrapped one) takes the checkpointed path."""
+    hidden, linear, targets = setup()
+    g = torch.Generator().manual_seed(1)
+    biased = nn.Linear(H, V)
+    with torch.no_grad():
+        biased.weight.copy_(linear.weight)
+        biased.bias.copy_(torch.randn(V, generator=g))
+    head = biased if head_kind == "linear-with-bias" else nn.Sequential(biased)
+    logits = (biased(hidden) / (temperature or 1.0)).double()  # float32's lse − Σ p·z cancels at these magnitudes
+    full_lp, full_ent = log_probs_from_logits(logits, targets).float(), entropy_from_logits(logits).float()
+    (full_lp.sum() + entropy_weight * full_ent.sum()).backward()
+    expected = [hidden.grad.clone(), biased.weight.grad.clone(), biased.bias.grad.clone()]
+    hidden.grad = biased.weight.grad = biased.bias.grad = None
+
+    out = token_log_probs(hidden, head, targets, temperature=temperature, with_entropy=True, chunk_tokens=50)
+    torch.testing.assert_close(out["log_probs"], full_lp, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(out["entropy"], full_ent, atol=1e-5, rtol=1e-6)
+    loss = out["log_probs"].sum() + (entropy_weight * out["entropy"].sum() if entropy_weight else 0.0)
+    loss.backward()
+    for got, want in zip([hidden.grad, biased.weight.grad, biased.bias.grad], expected, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
