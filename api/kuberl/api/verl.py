@@ -100,7 +100,12 @@ VERL_KEYS: list[VerlKey] = [
     _key(f"{ARR}.model.target_modules", "model.lora.targetModules", as_list=True),
     _key(f"{ARR}.model.use_remove_padding", None, "not a setting: the trainer packs responses itself"),
     _key(f"{ARR}.model.override_config.*", None, "the model's config is used as saved"),
-    _key(f"{ARR}.model.use_fused_kernels", None, "not a setting"),
+    _key(f"{ARR}.model.use_fused_kernels", None, "not a setting: the output head's log-probs are always fused"),
+    _key(
+        f"{ARR}.actor.use_torch_compile",
+        "model.compile",
+        "verl compiles its log-prob and entropy functions, kuberl the decoder layers",
+    ),
     # actor
     _key(f"{ARR}.actor.optim.lr", "actor.optim.lr"),
     _key(f"{ARR}.actor.optim.weight_decay", "actor.optim.weightDecay"),

@@ -102,6 +102,11 @@ class DistributedWorker:
         random.seed(seed)
         np.random.seed(seed % 2**32)
 
+    @property
+    def compiles(self) -> bool:
+        """Whether this rank's models run their decoder layers compiled (``model.compile``, CUDA only)."""
+        return self.spec.model.compile and self.device.type == "cuda"
+
     def rendezvous(self) -> tuple[str, int]:
         import ray
 
@@ -285,6 +290,7 @@ class ActorWorker(DistributedWorker):
             self.ref = fsdp.prepare(
                 load_trainer_model(spec.model.path),
                 gradient_checkpointing=False,
+                compile_layers=self.compiles,
                 reshard_after_forward=True,
                 param_offload=spec.actor.fsdp.param_offload,
                 trainable=False,
@@ -321,6 +327,7 @@ class ActorWorker(DistributedWorker):
             device=self.device,
             dtype=spec.model.dtype,
             gradient_checkpointing=spec.model.gradient_checkpointing,
+            compile_layers=self.compiles,
             reshard_after_forward=spec.actor.fsdp.reshard_after_forward,
             param_offload=spec.actor.fsdp.param_offload,
             lora=lora_args,
@@ -541,9 +548,6 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
-    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
-        self.backbone.gradient_checkpointing_enable(**kwargs)
-
     def forward(self, input_ids: Tensor, position_ids: Tensor, **attention: Any) -> Tensor:
         """``(1, T)`` packed tokens (:func:`~kuberl.trainer.microbatch.pack`) to ``(1, T)`` values; ``attention``:
         :meth:`~kuberl.trainer.microbatch.Packed.attention_kwargs`."""
@@ -568,6 +572,7 @@ class CriticWorker(DistributedWorker):
             device=self.device,
             dtype=spec.model.dtype,
             gradient_checkpointing=spec.model.gradient_checkpointing,
+            compile_layers=self.compiles,
             reshard_after_forward=critic.fsdp.reshard_after_forward,
             param_offload=critic.fsdp.param_offload,
         )
