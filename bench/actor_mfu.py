@@ -1,5 +1,5 @@
 """Benchmark (d): actor-update MFU, the trainer's own PPO/GRPO update (``ActorWorker.update``) on one device, swept over
-micro-batch size and gradient checkpointing.
+micro-batch size, gradient checkpointing and ``model.compile``.
 
 Per model and checkpointing setting the actor is built by ``ActorWorker.build_policy``, as the trainer builds it: an
 fp32 model (the shapes of bench/shapes.py drawn on the device) → ``fsdp.prepare`` (FSDP2, the spec's bf16 mixed
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import statistics
 import sys
@@ -69,14 +70,21 @@ def build_model(name: str, device):
     return load_trainer_model(TINY if name == "tiny" else name)
 
 
-def job_spec(name: str, args: argparse.Namespace, *, micro_batch: int, gradient_checkpointing: bool):
+def job_spec(
+    name: str, args: argparse.Namespace, *, micro_batch: int, gradient_checkpointing: bool, compile_layers: bool
+):
     """An RLJob spec with the benchmark's shapes; everything else (optimizer, clipping, loss aggregation, FSDP options,
     temperature) stays at the spec defaults the trainer would use."""
     from kuberl.api.spec import RLJobSpec
 
     return RLJobSpec.model_validate(
         {
-            "model": {"path": name, "dtype": "bfloat16", "gradientCheckpointing": gradient_checkpointing},
+            "model": {
+                "path": name,
+                "dtype": "bfloat16",
+                "gradientCheckpointing": gradient_checkpointing,
+                "compile": compile_layers,
+            },
             "algorithm": {"advantageEstimator": "grpo"},
             "data": {
                 "trainFiles": ["unused.parquet"],
@@ -186,8 +194,9 @@ def run_model(name: str, args: argparse.Namespace, worker) -> list[dict]:
     peak = args.peak_tflops * 1e12
     seq = args.prompt_len + args.response_len
     results = []
-    for checkpointing in args.grad_ckpt:
-        worker.spec = job_spec(name, args, micro_batch=args.micro_batch[0], gradient_checkpointing=checkpointing)
+    for checkpointing, compile_layers in itertools.product(args.grad_ckpt, args.compile):
+        settings = {"gradient_checkpointing": checkpointing, "compile_layers": compile_layers}
+        worker.spec = job_spec(name, args, micro_batch=args.micro_batch[0], **settings)
         start = time.perf_counter()
         model = build_model(name, worker.device)
         config = model.config
@@ -202,7 +211,7 @@ def run_model(name: str, args: argparse.Namespace, worker) -> list[dict]:
         rows = random_rows(args.mini_batch, args.prompt_len, args.response_len, config.vocab_size)
         tokens = args.mini_batch * seq
         for micro in args.micro_batch:
-            worker.spec = job_spec(name, args, micro_batch=micro, gradient_checkpointing=checkpointing)
+            worker.spec = job_spec(name, args, micro_batch=micro, **settings)
             worker.plan = plan_execution(worker.spec)
             row = {
                 "model": name,
@@ -212,6 +221,7 @@ def run_model(name: str, args: argparse.Namespace, worker) -> list[dict]:
                 "mini_batch": args.mini_batch,
                 "grad_accum": -(-args.mini_batch // micro),
                 "gradient_checkpointing": checkpointing,
+                "compile": compile_layers,
                 "tokens_per_iter": tokens,
                 "build_s": round(build_s, 1),
                 "head_share_counted_not_run": round(head_share, 4),
@@ -243,11 +253,12 @@ def run_model(name: str, args: argparse.Namespace, worker) -> list[dict]:
 
 
 def print_table(runs: list[dict], args: argparse.Namespace, best: dict | None) -> None:
-    columns = ["model", "micro", "accum", "ckpt", "tokens/s", "TFLOP/s", "MFU", "MFU+attn", "peak GiB"]
+    columns = ["model", "micro", "accum", "ckpt", "compile", "tokens/s", "TFLOP/s", "MFU", "MFU+attn", "peak GiB"]
     columns += ["÷trainer"] if args.trainer_mfu else []
     rows = []
     for r in runs:
-        row = [r["model"], str(r["micro_batch"]), str(r["grad_accum"]), "on" if r["gradient_checkpointing"] else "off"]
+        row = [r["model"], str(r["micro_batch"]), str(r["grad_accum"])]
+        row += ["on" if r[key] else "off" for key in ("gradient_checkpointing", "compile")]
         if "error" in r:
             rows.append([*row, r["error"][:70]])
             continue
@@ -264,7 +275,7 @@ def print_table(runs: list[dict], args: argparse.Namespace, best: dict | None) -
     print()
     for row in [columns, *rows]:
         cells = [
-            cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) if i < 4 or len(row) == len(columns) else cell
+            cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) if i < 5 or len(row) == len(columns) else cell
             for i, cell in enumerate(row)
         ]
         print("  ".join(cells))
@@ -299,6 +310,7 @@ def main() -> int:
         "--mini-batch", type=int, default=None, help="responses per optimizer step (default: the largest micro-batch)"
     )
     parser.add_argument("--grad-ckpt", nargs="+", choices=["off", "on"], default=["off", "on"])
+    parser.add_argument("--compile", nargs="+", choices=["off", "on"], default=["on"], help="model.compile")
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--response-len", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=2)
@@ -322,6 +334,7 @@ def main() -> int:
     args.micro_batch = sorted(args.micro_batch)
     args.mini_batch = args.mini_batch or args.micro_batch[-1]
     args.grad_ckpt = [choice == "on" for choice in args.grad_ckpt]
+    args.compile = [choice == "on" for choice in args.compile]
 
     import torch
     import transformers
@@ -331,7 +344,9 @@ def main() -> int:
     from kuberl.trainer.weight_sync import free_port
     from kuberl.trainer.workers import ActorWorker
 
-    first = job_spec(args.models[0], args, micro_batch=args.micro_batch[0], gradient_checkpointing=False)
+    first = job_spec(
+        args.models[0], args, micro_batch=args.micro_batch[0], gradient_checkpointing=False, compile_layers=False
+    )
     worker = ActorWorker(first.model_dump_json(), 0, 1, torch.get_num_threads(), plan_execution(first))  # device, seeds
     worker.init_distributed("127.0.0.1", free_port())
     cuda = worker.device.type == "cuda"
@@ -378,7 +393,9 @@ def main() -> int:
 
     ok = [r for r in results["runs"] if "mfu" in r]
     best = max(ok, key=lambda r: r["mfu"], default=None)
-    results["best"] = best and {k: best[k] for k in ("model", "micro_batch", "gradient_checkpointing", "mfu")}
+    results["best"] = best and {
+        k: best[k] for k in ("model", "micro_batch", "gradient_checkpointing", "compile", "mfu")
+    }
     if best and args.trainer_mfu:
         results["best_mfu_over_trainer"] = significant(best["mfu"] / args.trainer_mfu, 3)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,10 @@
 Both sides train on the same generated GSM8K-style problems (``kuberl.trainer.datagen.gsm8k_synth``, prompts longer
 than ``--max-prompt`` tokens dropped) with kuberl's builtin ``gsm8k`` reward, ``--steps`` steps of ``--prompts``
 prompts × ``--group`` samples, responses ≤ ``--max-response`` tokens, temperature 1, no KL term, constant ``--lr``,
-no weight decay, no gradient checkpointing, one optimizer step per step over micro-batches of ``--micro-batch``
-responses. Each side runs in a fresh subprocess, one after the other, so GPU memory is released in between:
+no weight decay, no gradient checkpointing, one optimizer step per step. Each side cuts the step into micro-batches
+its recommended way: kuberl by a token budget (``batch.dynamicBatchSize``, ``--max-tokens`` packed tokens per pass;
+``--max-tokens 0`` takes ``--micro-batch`` responses instead), TRL by ``--micro-batch`` responses (it has no token
+budget). Each side runs in a fresh subprocess, one after the other, so GPU memory is released in between:
 
 - kuberl: an RLJob written from these settings, ``python -m kuberl.cli run SPEC --run-dir DIR --no-progress``;
   ``rollout.engine vllm`` colocated (``gpuMemoryUtilization`` ``--gpu-memory-utilization``, rollout log-probs on,
@@ -227,7 +229,11 @@ def kuberl_spec(args: argparse.Namespace, folder: str, data: str, gpu: bool, ove
                 "trainBatchSize": args.prompts,
                 "rolloutN": args.group,
                 "ppoMiniBatchSize": args.prompts,
-                "ppoMicroBatchSizePerGPU": args.micro_batch,
+                **(
+                    {"dynamicBatchSize": {"enabled": True, "maxTokenLenPerGPU": args.max_tokens}}
+                    if args.max_tokens
+                    else {"ppoMicroBatchSizePerGPU": args.micro_batch}
+                ),
             },
             "rollout": (
                 {
@@ -522,7 +528,13 @@ def main() -> int:
     parser.add_argument("--group", type=int, default=8, help="samples per prompt (rolloutN, num_generations)")
     parser.add_argument("--max-prompt", type=int, default=256)
     parser.add_argument("--max-response", type=int, default=256)
-    parser.add_argument("--micro-batch", type=int, default=32, help="responses per forward/backward pass")
+    parser.add_argument("--micro-batch", type=int, default=32, help="TRL's responses per forward/backward pass")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=32768,
+        help="kuberl's packed tokens per forward/backward pass (0: --micro-batch responses, as TRL)",
+    )
     parser.add_argument("--lr", type=float, default=5e-6)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="vLLM's share, both sides")
@@ -588,6 +600,7 @@ def main() -> int:
             "group": args.group,
             "responses_per_step": total,
             "micro_batch": args.micro_batch,
+            "kuberl_max_tokens": args.max_tokens or None,
             "max_prompt": args.max_prompt,
             "max_response": args.max_response,
             "lr": args.lr,
