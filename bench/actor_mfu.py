@@ -40,6 +40,8 @@ from bench.shapes import RANDOM, random_causal_lm
 
 TINY = "tiny://llama?hidden=64&layers=2&heads=4&kv_heads=2&seed=0"
 """``--models tiny``: the trainer's tiny test model (CPU smoke checks)."""
+LAUNCHES = {"cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC"}
+"""The CUDA runtime and driver calls that launch a kernel, as torch.profiler names them."""
 H200_PEAK_TFLOPS = 989.4
 PEAK_SOURCE = (
     "NVIDIA H200 SXM datasheet: BF16 Tensor Core 1,979 TFLOP/s with 2:4 sparsity, i.e. 989.4 dense "
@@ -115,35 +117,48 @@ def random_rows(n: int, prompt_len: int, response_len: int, vocab: int):
     }
 
 
-def profile_update(worker, rows, totals, top: int) -> list[dict]:
-    """One more ``worker.update`` under torch.profiler: the ``top`` operators by their own time on the device (CPU
-    time on a CPU run), to show where the update's time goes beyond the matmuls that MFU counts."""
+def profile_update(worker, rows, totals, top: int) -> dict:
+    """One more ``worker.update`` under torch.profiler: its wall time, the kernels it launched, and the ``top``
+    operators by their own device time (on a GPU) and by their own CPU time. Many launches and a wall
+    time far above the device's operators mean the update waits on Python and kernel launches (compile helps); the
+    device's list says which work beyond the counted matmuls costs the most."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     cuda = worker.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    start = time.perf_counter()
     with profile(activities=activities) as prof:
         worker.update([rows], totals)
         if cuda:
             torch.cuda.synchronize()
-    self_time = "self_device_time_total" if cuda else "self_cpu_time_total"
-    events = sorted(prof.key_averages(), key=lambda e: getattr(e, self_time), reverse=True)
-    total = sum(getattr(e, self_time) for e in events) or 1.0
-    return [
-        {
-            "op": e.key,
-            "self_ms": round(getattr(e, self_time) / 1e3, 2),
-            "share": round(getattr(e, self_time) / total, 4),
-            "calls": e.count,
-        }
-        for e in events[:top]
-    ]
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+
+    def ranked(attribute: str) -> list[dict]:
+        ordered = sorted(events, key=lambda e: getattr(e, attribute), reverse=True)
+        total = sum(getattr(e, attribute) for e in events) or 1.0
+        return [
+            {
+                "op": e.key,
+                "self_ms": round(getattr(e, attribute) / 1e3, 2),
+                "share": round(getattr(e, attribute) / total, 4),
+                "calls": e.count,
+            }
+            for e in ordered[:top]
+        ]
+
+    return {
+        "wall_ms": round(wall * 1e3, 1),
+        "kernel_launches": sum(e.count for e in events if e.key in LAUNCHES),
+        **({"device": ranked("self_device_time_total")} if cuda else {}),
+        "host": ranked("self_cpu_time_total"),
+    }
 
 
 def measure(worker, rows, *, warmup: int, iters: int, profile_top: int = 0) -> dict:
     """Seconds of ``worker.update`` (one optimizer step over ``rows``) and the peak memory it allocated; with
-    ``profile_top``, the update's costliest operators (:func:`profile_update`, after the timed iterations)."""
+    ``profile_top``, where one more update spends its time (:func:`profile_update`, after the timed iterations)."""
     import torch
 
     cuda = worker.device.type == "cuda"
@@ -168,7 +183,7 @@ def measure(worker, rows, *, warmup: int, iters: int, profile_top: int = 0) -> d
         "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
     }
     if profile_top:
-        result["profile_top"] = profile_update(worker, rows, totals, profile_top)
+        result["profile"] = profile_update(worker, rows, totals, profile_top)
     return result
 
 
@@ -245,11 +260,21 @@ def run_model(name: str, args: argparse.Namespace, worker) -> list[dict]:
                 }
             )
             results.append(row)
-            print(json.dumps(row), flush=True)
-            for op in row.get("profile_top", []):
-                print(f"  {op['self_ms']:9.2f} ms  {op['share']:6.1%}  ×{op['calls']:<5} {op['op'][:90]}", flush=True)
+            print(json.dumps({key: value for key, value in row.items() if key != "profile"}), flush=True)
+            if "profile" in row:
+                print_profile(row["profile"])
         free_actor(worker)
     return results
+
+
+def print_profile(profiled: dict) -> None:
+    print(
+        f"  profiled update: {profiled['wall_ms']} ms wall, {profiled['kernel_launches']} kernel launches", flush=True
+    )
+    for side in ("device", "host") if "device" in profiled else ("host",):
+        print(f"  costliest by own {side} time:", flush=True)
+        for op in profiled[side]:
+            print(f"    {op['self_ms']:9.2f} ms  {op['share']:6.1%}  ×{op['calls']:<6} {op['op'][:90]}", flush=True)
 
 
 def print_table(runs: list[dict], args: argparse.Namespace, best: dict | None) -> None:
@@ -327,7 +352,7 @@ def main() -> int:
         type=int,
         default=0,
         metavar="N",
-        help="after timing, profile one update: its N costliest operators",
+        help="after timing, profile one update: wall time, kernel launches, its N costliest operators on each side",
     )
     parser.add_argument("--out", default="bench/results/actor_mfu.json")
     args = parser.parse_args()
