@@ -1,7 +1,7 @@
 """Benchmark (d): actor-update MFU, the trainer's own PPO/GRPO update (``ActorWorker.update``) on one device, swept over
 micro-batch size, gradient checkpointing and ``model.compile``.
 
-Per model and checkpointing setting the actor is built by ``ActorWorker.build_policy``, as the trainer builds it: an
+Per model, checkpointing and compile setting the actor is built by ``ActorWorker.build_policy``, as the trainer builds it: an
 fp32 model (the shapes of bench/shapes.py drawn on the device) → ``fsdp.prepare`` (FSDP2, the spec's bf16 mixed
 precision, fp32 masters) → ``fsdp.make_optimizer`` → ``fsdp.make_scheduler``, in one process with a single-rank
 ``torch.distributed`` group (nccl on cuda, gloo on cpu, as ``DistributedWorker.init_distributed``). One iteration =
