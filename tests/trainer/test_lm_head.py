@@ -104,3 +104,29 @@ def test_biased_greedy_and_wrapped_heads_equal_the_full_logits(head_kind, temper
     loss.backward()
     for got, want in zip([hidden.grad, biased.weight.grad, biased.bias.grad], expected, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("temperature, entropy_weight", [(0.7, 0.3), (0.0, 0.0)])
+def test_compiled_chunk_math_equals_the_eager_one_over_changing_lengths(temperature, entropy_weight):
+    """``model.compile``'s head: the chunk math through ``torch.compile`` (inductor's CPU code here) gives the eager
+    values and gradients, for a biased head, ragged last chunks and two token counts (one dynamic graph)."""
+    _, linear, _ = setup()
+    head = nn.Linear(H, V)
+    with torch.no_grad():
+        head.weight.copy_(linear.weight)
+        head.bias.normal_(generator=torch.Generator().manual_seed(2))
+
+    def run(n: int, compiled: bool) -> list[Tensor]:
+        g = torch.Generator().manual_seed(n)
+        hidden = torch.randn(n, H, generator=g, requires_grad=True)
+        targets = torch.randint(0, V, (n,), generator=g)
+        head.zero_grad(set_to_none=True)
+        out = token_log_probs(
+            hidden, head, targets, temperature=temperature, with_entropy=True, compiled=compiled, chunk_tokens=64
+        )
+        (out["log_probs"].sum() + entropy_weight * out["entropy"].sum()).backward()
+        return [out["log_probs"], out["entropy"], hidden.grad, head.weight.grad, head.bias.grad]
+
+    for n in (N, 150):
+        for got, want in zip(run(n, compiled=True), run(n, compiled=False), strict=True):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -422,6 +422,7 @@ class ActorWorker(DistributedWorker):
             temperature=self.spec.rollout.temperature,
             with_entropy=with_entropy,
             device=self.device,
+            compiled=self.compiles,
         )
 
     def compute_log_probs(self, rows: Rows) -> dict[str, Tensor]:
