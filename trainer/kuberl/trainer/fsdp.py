@@ -227,8 +227,12 @@ def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device
 
 
 def make_optimizer(model: nn.Module, *, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters; on CUDA its fused kernel, one pass over parameters, gradients and moments
+    (the default ``foreach`` form moves about three times the bytes: an estimated 10 ms against 3.5 ms a step for
+    Qwen2-0.5B's float32 state on an H200)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999))
+    fused = bool(params) and all(p.device.type == "cuda" for p in params)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999), fused=fused or None)
 
 
 def make_scheduler(
