@@ -118,10 +118,10 @@ def random_rows(n: int, prompt_len: int, response_len: int, vocab: int):
 
 
 def profile_update(worker, rows, totals, top: int) -> dict:
-    """One more ``worker.update`` under torch.profiler: its wall time, the kernels it launched, and the ``top``
-    operators by their own device time (on a GPU) and by their own CPU time. Many launches and a wall
-    time far above the device's operators mean the update waits on Python and kernel launches (compile helps); the
-    device's list says which work beyond the counted matmuls costs the most."""
+    """One more ``worker.update`` under torch.profiler: its wall time, the time the GPU was busy, the kernels it
+    launched, and the ``top`` operators by their own device time (on a GPU) and by their own CPU time. A wall time
+    far above the busy time means the update waits on Python and kernel launches; the device's list says which work
+    beyond the counted matmuls costs the most."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -150,10 +150,26 @@ def profile_update(worker, rows, totals, top: int) -> dict:
 
     return {
         "wall_ms": round(wall * 1e3, 1),
+        **({"device_busy_ms": round(device_busy_ns(prof) / 1e6, 1)} if cuda else {}),
         "kernel_launches": sum(e.count for e in events if e.key in LAUNCHES),
         **({"device": ranked("self_device_time_total")} if cuda else {}),
         "host": ranked("self_cpu_time_total"),
     }
+
+
+def device_busy_ns(prof) -> int:
+    """Nanoseconds during which at least one kernel or copy ran on the GPU (the union of their intervals): the wall
+    time minus this is the time the device waited on the host."""
+    from torch.autograd import DeviceType
+
+    spans = sorted(
+        (e.start_ns(), e.end_ns()) for e in prof.profiler.kineto_results.events() if e.device_type() == DeviceType.CUDA
+    )
+    busy, covered_to = 0, 0
+    for start, end in spans:
+        busy += max(0, end - max(start, covered_to))
+        covered_to = max(covered_to, end)
+    return busy
 
 
 def measure(worker, rows, *, warmup: int, iters: int, profile_top: int = 0) -> dict:
@@ -268,8 +284,10 @@ def run_model(name: str, args: argparse.Namespace, worker) -> list[dict]:
 
 
 def print_profile(profiled: dict) -> None:
+    busy = f", device busy {profiled['device_busy_ms']} ms" if "device_busy_ms" in profiled else ""
     print(
-        f"  profiled update: {profiled['wall_ms']} ms wall, {profiled['kernel_launches']} kernel launches", flush=True
+        f"  profiled update: {profiled['wall_ms']} ms wall{busy}, {profiled['kernel_launches']} kernel launches",
+        flush=True,
     )
     for side in ("device", "host") if "device" in profiled else ("host",):
         print(f"  costliest by own {side} time:", flush=True)

@@ -3,7 +3,7 @@
 #   bash tests/gpu/device_run.sh install grpo                  # first long call
 #   bash tests/gpu/device_run.sh env tests bench-mfu bench-trl # next call, machine still warm
 # Stages: install (offline bundle staged in /root/stage, extra wheels, docs/gpu.md), env (only set up the
-# environment), tests (tests/gpu, one process per module), bench-sync, bench-rollout, bench-mfu (MFU_ARGS), bench-trl,
+# environment), lite (no bundle: the carried .device/lite wheels, for bench-mfu and tests of test_packed_passes.py), tests (tests/gpu, one process per module), bench-sync, bench-rollout, bench-mfu (MFU_ARGS), bench-trl,
 # grpo (GRPO_SPECS, tests/gpu/*.yaml), agent (tests/gpu/smollm2-agent-vllm.yaml), shape-1b (a random 1.1B llama
 # in /tmp/llama-1.1b for TRL_ARGS="--model /tmp/llama-1.1b"), plan (bench/plan_accuracy.py on the kuberl side of
 # the last bench-trl, whose TRL_ARGS must include --work-dir "$BENCH_DIR").
@@ -52,6 +52,17 @@ t = time.perf_counter()
 from kuberl.trainer.rollout.vllm import model_folder
 print("smollm2 folder:", model_folder("smollm2"), f"({time.perf_counter() - t:.1f} s)")
 EOF
+}
+
+lite() {
+  # one transfer, no bundle: kuberl's pure-Python dependencies that the image lacks (docs/gpu.md), for the stages that
+  # need neither vLLM nor Ray
+  log "lite: trainer wheels"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site-lite .device/lite/*.whl \
+    >> "$OUT/install.log" 2>&1 || { log "lite wheels failed"; return 1; }
+  export PYTHONPATH="$ROOT/api:$ROOT/operator:$ROOT/trainer:$ROOT:/root/site-lite"
+  python3 -c "import torch, transformers, kuberl.trainer.workers; print('gpu:', torch.cuda.get_device_name(0), \
+'torch', torch.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -1 | tee -a "$OUT/session.log"
 }
 
 run_tests() {
@@ -145,6 +156,7 @@ for stage in "$@"; do
   case $stage in
     install) install || exit 1; env_setup ;;
     env) env_setup ;;
+    lite) lite || exit 1 ;;
     tests) run_tests ;;
     bench-sync) bench_sync ;;
     bench-rollout) bench_rollout ;;
