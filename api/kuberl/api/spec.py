@@ -78,8 +78,8 @@ class Model(SpecModel):
         True,
         description="On GPUs, compile every decoder layer of the trained, reference and critic models, and the "
         "log-prob math around the output head, with torch.compile: fused elementwise kernels and far fewer kernel "
-        "launches, for a one-time compile in the first step (20–25 s for SmolLM2-135M on an H200). CPU runs are never "
-        "compiled.",
+        "launches, for a one-time compile in the first step (20–25 s for SmolLM2-135M's decoder layers on an H200). CPU "
+        "runs are never compiled.",
     )
     lora: LoRA | None = Field(None, description="Train a LoRA adapter instead of all weights.")
 
