@@ -163,12 +163,12 @@ class LinearHeadLogProbs(torch.autograd.Function):
         for start in range(0, n, ctx.chunk_tokens):
             end = min(start + ctx.chunk_tokens, n)
             h = hidden[start:end]
-            chunk = (F.linear(h, weight, bias), targets[start:end], lse[start:end], grad_log_probs[start:end])
-            entropy_and_grad = (None, None) if grad_entropy is None else (entropy[start:end], grad_entropy[start:end])
+            inputs = [F.linear(h, weight, bias), targets[start:end], lse[start:end], grad_log_probs[start:end]]
+            inputs += [None, None] if grad_entropy is None else [entropy[start:end], grad_entropy[start:end]]
             if ctx.compiled:
-                rows_dynamic(*chunk, *entropy_and_grad)
-            logits, chunk_targets, chunk_lse, chunk_grad = chunk
-            grad_logits = logits_grad(logits, chunk_targets, ctx.temperature, chunk_lse, chunk_grad, *entropy_and_grad)
+                rows_dynamic(*inputs)
+            logits, chunk_targets, *saved = inputs
+            grad_logits = logits_grad(logits, chunk_targets, ctx.temperature, *saved)
             if grad_hidden is not None:
                 grad_hidden[start:end] = grad_logits @ weight
             if grad_weight is not None:
