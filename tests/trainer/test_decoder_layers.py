@@ -74,12 +74,12 @@ def test_the_critics_value_model_is_checkpointed_too() -> None:
     packed = pack(rows())
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        values = model(packed.input_ids, packed.position_ids, **packed.attention_kwargs(CPU))
+        values = model(packed.input_ids, packed.position_ids, **packed.attention_kwargs())
     values.sum().backward()
     plain = prepared(False, value_head=True)
     plain_saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: plain_saved.append(t) or t, lambda t: t):
-        plain(packed.input_ids, packed.position_ids, **packed.attention_kwargs(CPU))
+        plain(packed.input_ids, packed.position_ids, **packed.attention_kwargs())
     assert len(saved) < len(plain_saved) / 2
 
 

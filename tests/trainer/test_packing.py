@@ -12,7 +12,7 @@ from kuberl.trainer.microbatch import Rows, model_inputs, pack, trim
 from kuberl.trainer.models import load_causal_lm
 from kuberl.trainer.workers import ValueModel
 
-TINY = "tiny://llama?hidden=32&layers=2&heads=4&kv_heads=2&seed=3"
+TINY = "tiny://{family}?hidden=32&layers=2&heads=4&kv_heads=2&seed=3"
 CPU = torch.device("cpu")
 
 
@@ -63,6 +63,7 @@ def test_pack_concatenates_real_tokens_and_restarts_positions():
     # response token j of a row is predicted by the token before it: the last prompt token for j = 0
     assert packed.predictors.tolist() == [1, 2, 3, 7]
     assert packed.cu_seq_lens.tolist() == [0, 5, 9]
+    assert packed.longest == 5
     assert packed.targets.tolist() == [*rows["responses"][0].tolist(), int(rows["responses"][1, 0])]
 
 
@@ -78,18 +79,19 @@ def test_a_gap_in_the_response_mask_is_refused():
         pack(rows)
 
 
-def tiny(attention: str) -> nn.Module:
+def tiny(attention: str, family: str = "llama") -> nn.Module:
     """The tiny model with transformers' SDPA (a block-diagonal mask over the pack) or the per-row VARLEN."""
-    model = load_causal_lm(TINY, torch.float32)
+    model = load_causal_lm(TINY.format(family=family), torch.float32)
     if attention == "varlen":
         use_varlen_attention(model)
     return model
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("attention", ["sdpa", "varlen"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_packed_log_probs_entropy_loss_and_gradients_match_the_padded_batch(temperature, attention):
-    model = tiny(attention)
+def test_packed_log_probs_entropy_loss_and_gradients_match_the_padded_batch(temperature, attention, family):
+    model = tiny(attention, family)
     rows = trim(ragged_rows([5, 2, 7, 3], [4, 6, 1, 3], vocab=model.config.vocab_size))
     mask = rows["response_mask"].float()
 
@@ -149,7 +151,7 @@ def test_packed_values_and_their_gradients_match_the_padded_batch(attention):
     p, r = rows["prompts"].shape[1], rows["responses"].shape[1]
     padded = critic.value_head(hidden.last_hidden_state).squeeze(-1)[:, p - 1 : p + r - 1] * mask
     packed_rows = pack(rows)
-    values = critic(packed_rows.input_ids, packed_rows.position_ids, **packed_rows.attention_kwargs(CPU))
+    values = critic(packed_rows.input_ids, packed_rows.position_ids, **packed_rows.attention_kwargs())
     packed = packed_rows.unpack(values[0, packed_rows.predictors])
     torch.testing.assert_close(packed, padded, atol=1e-5, rtol=0)
 

@@ -97,12 +97,15 @@ def _torch_varlen() -> Callable[[Tensor, Tensor, Tensor, Tensor, int, float | No
 
 
 def use_varlen_attention(model: nn.Module) -> None:
-    """Register :data:`VARLEN` with transformers (once per process) and switch ``model`` to it."""
+    """Register :data:`VARLEN` with transformers (once per process) and switch ``model`` to it.
+
+    No mask function is registered with it: for an implementation without one, transformers builds no mask at all,
+    which is right (the rows' bounds say it all). With one, every forward would also look for packed rows in the
+    positions and read the answer back with ``.all()``, a wait for the GPU before each forward.
+    """
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
 
     AttentionInterface.register(VARLEN, varlen_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(VARLEN, flash_attention_mask)  # no mask: the rows' bounds say it all
     set_implementation = getattr(model, "set_attn_implementation", None)
     if not callable(set_implementation):
         raise TypeError(f"{type(model).__name__} cannot change its attention implementation")

@@ -252,7 +252,8 @@ def packed_response_log_probs(
             f"{type(model).__name__} caps its logits after the output head (final_logit_softcapping); "
             "the trainer's chunked log-probs do not support such models"
         )
-    targets = packed.targets.to(device)
+    packed = packed.to(device)
+    targets = packed.targets
     reduced: list[Tensor] = []
 
     def reduce_head_input(module: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
@@ -269,11 +270,11 @@ def packed_response_log_probs(
     handles = [head.register_forward_pre_hook(reduce_head_input), head.register_forward_hook(replace_head_output)]
     try:
         logits = model(
-            input_ids=packed.input_ids.to(device),
-            position_ids=packed.position_ids.to(device),
+            input_ids=packed.input_ids,
+            position_ids=packed.position_ids,
             use_cache=False,
-            logits_to_keep=packed.predictors.to(device),
-            **packed.attention_kwargs(device),
+            logits_to_keep=packed.predictors,
+            **packed.attention_kwargs(),
         ).logits
     finally:
         for handle in handles:

@@ -15,7 +15,7 @@ verl's ``use_remove_padding``): the rows' real tokens concatenated, no padding, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -27,6 +27,19 @@ PER_TOKEN_KEYS = ("old_log_probs", "ref_log_probs", "values", "advantages", "ret
 
 def num_rows(rows: Rows) -> int:
     return int(rows["responses"].shape[0])
+
+
+def to_device(tensor: Tensor, device: torch.device) -> Tensor:
+    """``tensor`` on ``device``. A host tensor bound for a GPU is copied from pinned memory without blocking: a plain
+    copy from pageable memory waits for every kernel already queued, so the host could not queue a micro-batch's
+    forward while the GPU still runs the previous one's backward."""
+    if device.type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def rows_to(rows: Rows, device: torch.device) -> Rows:
+    return {key: to_device(value, device) for key, value in rows.items()}
 
 
 def select(rows: Rows, index: list[int] | Tensor) -> Rows:
@@ -128,24 +141,38 @@ class Packed:
     """``(b, r)`` bool: where the ``N`` valid response tokens sit in the rows."""
     cu_seq_lens: Tensor
     """``(b + 1,)`` int32: where each row starts in ``T``, then ``T`` (flash-attention's ``cu_seqlens``)."""
+    longest: int
+    """The longest row's tokens, read on the host when packing (reading it on the GPU would wait for the device)."""
 
-    def attention_kwargs(self, device: torch.device) -> dict[str, Tensor | int]:
+    def to(self, device: torch.device) -> Packed:
+        """The same micro-batch with its tensors on ``device`` (:func:`to_device`: no wait for queued kernels)."""
+        return replace(
+            self,
+            input_ids=to_device(self.input_ids, device),
+            position_ids=to_device(self.position_ids, device),
+            predictors=to_device(self.predictors, device),
+            targets=to_device(self.targets, device),
+            response_mask=to_device(self.response_mask, device),
+            cu_seq_lens=to_device(self.cu_seq_lens, device),
+        )
+
+    def attention_kwargs(self) -> dict[str, Tensor | int]:
         """The row bounds as transformers' flash-attention keyword arguments of a model's forward."""
-        cu = self.cu_seq_lens.to(device)
-        longest = int((self.cu_seq_lens[1:] - self.cu_seq_lens[:-1]).max())
-        return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+        cu = self.cu_seq_lens
+        return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": self.longest, "max_length_k": self.longest}
 
     def unpack(self, values: Tensor) -> Tensor:
-        """Per-token ``(N,)`` values back to ``(b, r)`` rows, 0 at padding (differentiable)."""
-        mask = self.response_mask.to(values.device)
-        return values.new_zeros(mask.shape).masked_scatter(mask, values)
+        """Per-token ``(N,)`` values back to ``(b, r)`` rows, 0 at padding (differentiable); ``values`` on the
+        packed tensors' device."""
+        return values.new_zeros(self.response_mask.shape).masked_scatter(self.response_mask, values)
 
 
 def pack(rows: Rows) -> Packed:
     """The rows' real tokens as one packed sequence; see :class:`Packed`.
 
     The token that predicts response token ``j`` of a row is the one before it (the last prompt token for ``j =
-    0``); the response mask must therefore be contiguous from the first response token.
+    0``); the response mask must therefore be contiguous from the first response token. Pack rows on the host and
+    move the result (:meth:`Packed.to`): on a GPU, the boolean indexing here would wait for every queued kernel.
     """
     input_ids, attention_mask, position_ids = model_inputs(rows)
     real = attention_mask.bool()
@@ -156,13 +183,15 @@ def pack(rows: Rows) -> Packed:
     if bool((response_mask & ~predictor_real).any()):
         raise ValueError("response_mask has a gap or a row has no prompt token: a response token has no predictor")
     packed_index = real.flatten().long().cumsum(0).view_as(real) - 1
+    row_tokens = real.sum(-1)
     return Packed(
         input_ids=input_ids[real].unsqueeze(0),
         position_ids=position_ids[real].unsqueeze(0),
         predictors=packed_index[:, p - 1 : p + r - 1][response_mask],
         targets=rows["responses"][response_mask],
         response_mask=response_mask,
-        cu_seq_lens=torch.nn.functional.pad(real.sum(-1).cumsum(0), (1, 0)).to(torch.int32),
+        cu_seq_lens=torch.nn.functional.pad(row_tokens.cumsum(0), (1, 0)).to(torch.int32),
+        longest=int(row_tokens.max()),
     )
 
 

@@ -33,7 +33,17 @@ from torch import Tensor, nn
 from kuberl.api.spec import FSDP, Optim, RLJobSpec
 from kuberl.trainer import fsdp
 from kuberl.trainer.metrics import nvml_sampler
-from kuberl.trainer.microbatch import Rows, equalize, micro_batches, num_rows, pack, pad_right, select, trim
+from kuberl.trainer.microbatch import (
+    Rows,
+    equalize,
+    micro_batches,
+    num_rows,
+    pack,
+    pad_right,
+    rows_to,
+    select,
+    trim,
+)
 from kuberl.trainer.plan import ExecutionPlan, MicroBatching, plan_execution
 from kuberl.trainer.weight_sync import free_port
 
@@ -54,16 +64,18 @@ class MicroLoss:
     """One micro-batch's loss (its share of the global mini-batch loss) and what the update reports of it."""
 
     loss: Tensor
-    per_batch: dict[str, float]
-    """Summed over the real micro-batches (e.g. losses, which are already shares)."""
-    per_token: dict[str, float]
-    """Weighted by the micro-batch's valid response tokens (fractions such as clip ratios)."""
+    per_batch: dict[str, Tensor]
+    """Detached scalars summed over the real micro-batches (e.g. losses, which are already shares). They stay on the
+    device until the update ends: reading one back would stall the GPU before every backward."""
+    per_token: dict[str, Tensor]
+    """Detached scalars weighted by the micro-batch's valid response tokens (fractions such as clip ratios)."""
     outputs: dict[str, Tensor] = field(default_factory=dict)
     """Detached per-token ``(b, r)`` values the driver reads back after the update (:meth:`update_outputs`)."""
 
 
 LossFn = Callable[[Rows, dict[str, float]], MicroLoss]
-"""``(micro-batch on the device, mini-batch totals) -> MicroLoss``: what differs between the actor and the critic."""
+"""``(micro-batch on the host, mini-batch totals) -> MicroLoss``: what differs between the actor and the critic. It
+packs the rows on the host and moves what it needs (:func:`~kuberl.trainer.microbatch.rows_to`)."""
 
 
 class NonFiniteStepsError(RuntimeError):
@@ -137,9 +149,10 @@ class DistributedWorker:
         import torch.distributed as dist
 
         bins = micro_batches(rows, micro_batch_size=micro.size, max_tokens=micro.max_tokens)
+        if self.world_size == 1:
+            return bins
         count = torch.tensor([len(bins)], device=self.device)  # NCCL reduces device tensors only
-        if self.world_size > 1:
-            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
         return equalize(bins, int(count))
 
     def forward_only(
@@ -171,6 +184,7 @@ class DistributedWorker:
         multiplied by the rank count before backward. Returns this rank's sums (``reduce_update_metrics``).
         """
         sums: dict[str, float] = {}
+        device_sums: dict[str, Tensor] = {}
         grad_norms = []
         self.last_outputs = {}
         with self.optimizer_offloaded(offload):
@@ -183,21 +197,23 @@ class DistributedWorker:
                     outputs: list[tuple[list[int], dict[str, Tensor]]] = []
                     for i, idx in enumerate(bins):
                         fsdp.set_gradient_sync(self.model, i == len(bins) - 1)
-                        mb = {key: t.to(self.device) for key, t in trim(select(rows, idx or [0])).items()}
+                        mb = trim(select(rows, idx or [0]))
                         weight = 1.0 if idx else 0.0  # an empty micro-batch only pairs up FSDP collectives
+                        n_tok = float(mb["response_mask"].sum()) * weight
                         out = loss_fn(mb, total)
                         (out.loss * self.world_size * weight).backward()
-                        n_tok = float(mb["response_mask"].float().sum()) * weight
-                        for key, value in out.per_batch.items():
-                            sums[key] = sums.get(key, 0.0) + weight * value
                         sums["tokens"] = sums.get("tokens", 0.0) + n_tok
+                        for key, value in out.per_batch.items():
+                            device_sums[key] = device_sums.get(key, 0.0) + weight * value.float()
                         for key, value in out.per_token.items():
-                            sums[key] = sums.get(key, 0.0) + value * n_tok
+                            device_sums[key] = device_sums.get(key, 0.0) + n_tok * value.float()
                         if idx and out.outputs:
                             outputs.append((idx, out.outputs))
                     grad_norms.append(self.optimizer_step(grad_clip))
                     self.last_outputs = stitch(outputs, rows)
             self.scheduler.step()
+        if device_sums:
+            sums.update(zip(device_sums, torch.stack(list(device_sums.values())).tolist(), strict=True))
         return {
             **sums,
             "updates": float(len(grad_norms)),
@@ -268,11 +284,14 @@ def stitch(parts: list[tuple[list[int], dict[str, Tensor]]], rows: Rows) -> dict
     """Per-micro-batch ``(b, r)`` outputs (micro-batch row indices, outputs) back to ``(B, R)`` rows of ``rows``
     on the CPU, 0 at padding and for rows no part covers."""
     width = rows["responses"].shape[1]
+    if not parts:
+        return {}
+    index = torch.as_tensor([i for idx, _ in parts for i in idx])
     stitched: dict[str, Tensor] = {}
-    for idx, result in parts:
-        for key, value in result.items():
-            out = stitched.setdefault(key, torch.zeros(num_rows(rows), width))
-            out[torch.as_tensor(idx)] = pad_right(value.detach().float().cpu(), width, 0.0)
+    for key in parts[0][1]:
+        values = torch.cat([pad_right(result[key].detach().float(), width, 0.0) for _, result in parts])
+        stitched[key] = torch.zeros(num_rows(rows), width)
+        stitched[key][index] = values.cpu()  # one copy to the host per output, not one per micro-batch
     return stitched
 
 
@@ -475,6 +494,7 @@ class ActorWorker(DistributedWorker):
         }
         fused = "old_log_probs" not in mb  # the plan's old_log_probs_from_update: the driver sent none
         out = self._log_probs(self.model, mb, algo.entropy_coef > 0 or fused)
+        mb = rows_to(mb, self.device)
         log_probs = out["log_probs"]
         old_log_probs = log_probs.detach() if fused else mb["old_log_probs"]
         mask = mb["response_mask"].float()
@@ -494,15 +514,15 @@ class ActorWorker(DistributedWorker):
             rollout_is_weights=weights,
             **agg,
         )
-        per_batch = {"pg_loss": float(loss.detach())}
+        per_batch = {"pg_loss": loss.detach()}
         if algo.entropy_coef > 0:
             entropy = agg_loss(out["entropy"], mask, algo.loss_agg_mode, **agg)
             loss = loss - algo.entropy_coef * entropy
         if kl_loss.enabled:
             kl = agg_loss(kl_penalty(log_probs, mb["ref_log_probs"], kl_loss.type), mask, algo.loss_agg_mode, **agg)
             loss = loss + kl_loss.coef * kl
-            per_batch["kl_loss"] = float(kl.detach())
-        per_token = {key: float(metrics[key]) for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")}
+            per_batch["kl_loss"] = kl.detach()
+        per_token = {key: metrics[key].detach() for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")}
         outputs = {"log_probs": old_log_probs, "entropy": out["entropy"].detach()} if fused else {}
         return MicroLoss(loss, per_batch, per_token, outputs)
 
@@ -583,13 +603,9 @@ class CriticWorker(DistributedWorker):
 
     def _values(self, rows: Rows) -> Tensor:
         """Values of the states before each response token of the trimmed rows, ``(b, r)``, 0 at padding."""
-        packed = pack(trim(rows))
-        values: Tensor = self.model(
-            packed.input_ids.to(self.device),
-            packed.position_ids.to(self.device),
-            **packed.attention_kwargs(self.device),
-        )
-        return packed.unpack(values[0, packed.predictors.to(self.device)].float())
+        packed = pack(trim(rows)).to(self.device)
+        values: Tensor = self.model(packed.input_ids, packed.position_ids, **packed.attention_kwargs())
+        return packed.unpack(values[0, packed.predictors].float())
 
     def compute_values(self, rows: Rows) -> dict[str, Tensor]:
         self.model.eval()
@@ -610,6 +626,7 @@ class CriticWorker(DistributedWorker):
         from kuberl.trainer.losses import value_loss
 
         values = self._values(mb)
+        mb = rows_to(mb, self.device)
         mask = mb["response_mask"].float()
         loss, metrics = value_loss(
             values,
@@ -622,7 +639,7 @@ class CriticWorker(DistributedWorker):
             batch_seqs=total["seqs"],
             loss_scale_factor=float(self.spec.data.max_response_length),
         )
-        return MicroLoss(loss, {"vf_loss": float(loss)}, {"vf_clipfrac": float(metrics["vf_clipfrac"])})
+        return MicroLoss(loss, {"vf_loss": loss.detach()}, {"vf_clipfrac": metrics["vf_clipfrac"].detach()})
 
 
 class RewardModelWorker:
