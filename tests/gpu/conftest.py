@@ -72,21 +72,23 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def skip_reason() -> str | None:
+def skip_reason(item: pytest.Item) -> str | None:
+    """Why ``item`` cannot run here: no CUDA GPU, or (tests marked ``vllm``) no vLLM. The others run without vLLM,
+    e.g. after ``tests/gpu/device_run.sh lite``."""
     if not _cuda():
         return "needs a CUDA GPU (tests/gpu run on the GPU machine, docs/gpu.md)"
-    if importlib.util.find_spec("vllm") is None:
+    if item.get_closest_marker("vllm") is not None and importlib.util.find_spec("vllm") is None:
         return "needs vllm==0.26.0 (pip install 'kuberl[gpu]' or the offline bundle, docs/gpu.md)"
     return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    reason = skip_reason()
-    if reason is None:
-        return
     here = Path(__file__).parent
     for item in items:
-        if item.get_closest_marker("gpu") is not None and here in Path(str(item.fspath)).parents:
+        if item.get_closest_marker("gpu") is None or here not in Path(str(item.fspath)).parents:
+            continue
+        reason = skip_reason(item)
+        if reason is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
 
 

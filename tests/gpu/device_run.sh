@@ -3,7 +3,7 @@
 #   bash tests/gpu/device_run.sh install grpo                  # first long call
 #   bash tests/gpu/device_run.sh env tests bench-mfu bench-trl # next call, machine still warm
 # Stages: install (offline bundle staged in /root/stage, extra wheels, docs/gpu.md), env (only set up the
-# environment), lite (no bundle: the carried .device/lite wheels, for bench-mfu and TEST_FILES=test_packed_passes.py),
+# environment), lite (no bundle: the carried .device/lite wheels, for bench-mfu and the tests not marked vllm),
 # tests (tests/gpu, one process per module), bench-sync, bench-rollout, bench-mfu (MFU_ARGS), bench-trl,
 # grpo (GRPO_SPECS, tests/gpu/*.yaml), agent (tests/gpu/smollm2-agent-vllm.yaml), shape-1b (a random 1.1B llama
 # in /tmp/llama-1.1b for TRL_ARGS="--model /tmp/llama-1.1b"), plan (bench/plan_accuracy.py on the kuberl side of

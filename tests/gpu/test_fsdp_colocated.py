@@ -10,7 +10,7 @@ import torch
 
 from tests.gpu.conftest import MODEL
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 
 TEXT = (
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "

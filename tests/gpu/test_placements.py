@@ -13,7 +13,7 @@ import yaml
 from tests.gpu.conftest import ROLLOUT_PROBS_TOLERANCE, short_grpo_job
 from tests.trainer.kuberl_cli import kuberl_run
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 
 STEPS = 3
 

@@ -7,7 +7,7 @@ import torch
 
 from tests.gpu.conftest import MODEL
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 
 QUESTIONS = [
     "What is 7 times 8?",
