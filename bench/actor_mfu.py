@@ -1,5 +1,5 @@
 """Benchmark (d): actor-update MFU, the trainer's own PPO/GRPO update (``ActorWorker.update``) on one device, swept over
-micro-batch size, gradient checkpointing and ``model.compile``.
+micro-batch size, gradient checkpointing, ``model.compile`` and ``actor.fsdp.reshardAfterForward``.
 
 Per model, checkpointing and compile setting the actor is built by ``ActorWorker.build_policy``, as the trainer builds it: an
 fp32 model (the shapes of bench/shapes.py drawn on the device) → ``fsdp.prepare`` (FSDP2, the spec's bf16 mixed
@@ -73,7 +73,13 @@ def build_model(name: str, device):
 
 
 def job_spec(
-    name: str, args: argparse.Namespace, *, micro_batch: int, gradient_checkpointing: bool, compile_layers: bool
+    name: str,
+    args: argparse.Namespace,
+    *,
+    micro_batch: int,
+    gradient_checkpointing: bool,
+    compile_layers: bool,
+    reshard_after_forward: bool = True,
 ):
     """An RLJob spec with the benchmark's shapes; everything else (optimizer, clipping, loss aggregation, FSDP options,
     temperature) stays at the spec defaults the trainer would use."""
@@ -98,6 +104,7 @@ def job_spec(
                 "ppoMiniBatchSize": args.mini_batch,
                 "ppoMicroBatchSizePerGPU": micro_batch,
             },
+            "actor": {"fsdp": {"reshardAfterForward": reshard_after_forward}},
             "cluster": {"device": args.device},
         }
     )
@@ -225,8 +232,12 @@ def run_model(name: str, args: argparse.Namespace, worker) -> list[dict]:
     peak = args.peak_tflops * 1e12
     seq = args.prompt_len + args.response_len
     results = []
-    for checkpointing, compile_layers in itertools.product(args.grad_ckpt, args.compile):
-        settings = {"gradient_checkpointing": checkpointing, "compile_layers": compile_layers}
+    for checkpointing, compile_layers, reshard in itertools.product(args.grad_ckpt, args.compile, args.reshard):
+        settings = {
+            "gradient_checkpointing": checkpointing,
+            "compile_layers": compile_layers,
+            "reshard_after_forward": reshard,
+        }
         worker.spec = job_spec(name, args, micro_batch=args.micro_batch[0], **settings)
         start = time.perf_counter()
         model = build_model(name, worker.device)
@@ -253,6 +264,7 @@ def run_model(name: str, args: argparse.Namespace, worker) -> list[dict]:
                 "grad_accum": -(-args.mini_batch // micro),
                 "gradient_checkpointing": checkpointing,
                 "compile": compile_layers,
+                "reshard_after_forward": reshard,
                 "tokens_per_iter": tokens,
                 "build_s": round(build_s, 1),
                 "head_share_counted_not_run": round(head_share, 4),
@@ -296,12 +308,24 @@ def print_profile(profiled: dict) -> None:
 
 
 def print_table(runs: list[dict], args: argparse.Namespace, best: dict | None) -> None:
-    columns = ["model", "micro", "accum", "ckpt", "compile", "tokens/s", "TFLOP/s", "MFU", "MFU+attn", "peak GiB"]
+    columns = [
+        "model",
+        "micro",
+        "accum",
+        "ckpt",
+        "compile",
+        "reshard",
+        "tokens/s",
+        "TFLOP/s",
+        "MFU",
+        "MFU+attn",
+        "peak GiB",
+    ]
     columns += ["÷trainer"] if args.trainer_mfu else []
     rows = []
     for r in runs:
         row = [r["model"], str(r["micro_batch"]), str(r["grad_accum"])]
-        row += ["on" if r[key] else "off" for key in ("gradient_checkpointing", "compile")]
+        row += ["on" if r[key] else "off" for key in ("gradient_checkpointing", "compile", "reshard_after_forward")]
         if "error" in r:
             rows.append([*row, r["error"][:70]])
             continue
@@ -318,7 +342,7 @@ def print_table(runs: list[dict], args: argparse.Namespace, best: dict | None) -
     print()
     for row in [columns, *rows]:
         cells = [
-            cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) if i < 5 or len(row) == len(columns) else cell
+            cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) if i < 6 or len(row) == len(columns) else cell
             for i, cell in enumerate(row)
         ]
         print("  ".join(cells))
@@ -354,6 +378,13 @@ def main() -> int:
     )
     parser.add_argument("--grad-ckpt", nargs="+", choices=["off", "on"], default=["off", "on"])
     parser.add_argument("--compile", nargs="+", choices=["off", "on"], default=["on"], help="model.compile")
+    parser.add_argument(
+        "--reshard",
+        nargs="+",
+        choices=["off", "on"],
+        default=["on"],
+        help="actor.fsdp.reshardAfterForward (off: one rank keeps the gathered bf16 parameters for the backward)",
+    )
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--response-len", type=int, default=256)
     parser.add_argument("--warmup", type=int, default=2)
@@ -378,6 +409,7 @@ def main() -> int:
     args.mini_batch = args.mini_batch or args.micro_batch[-1]
     args.grad_ckpt = [choice == "on" for choice in args.grad_ckpt]
     args.compile = [choice == "on" for choice in args.compile]
+    args.reshard = [choice == "on" for choice in args.reshard]
 
     import torch
     import transformers
@@ -437,7 +469,8 @@ def main() -> int:
     ok = [r for r in results["runs"] if "mfu" in r]
     best = max(ok, key=lambda r: r["mfu"], default=None)
     results["best"] = best and {
-        k: best[k] for k in ("model", "micro_batch", "gradient_checkpointing", "compile", "mfu")
+        k: best[k]
+        for k in ("model", "micro_batch", "gradient_checkpointing", "compile", "reshard_after_forward", "mfu")
     }
     if best and args.trainer_mfu:
         results["best_mfu_over_trainer"] = significant(best["mfu"] / args.trainer_mfu, 3)
