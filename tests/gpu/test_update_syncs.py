@@ -14,6 +14,7 @@ from kuberl.api.spec import RLJobSpec
 from kuberl.trainer.plan import plan_execution
 from kuberl.trainer.weight_sync import free_port
 from kuberl.trainer.workers import ActorWorker, load_trainer_model
+from tests.gpu.test_packed_passes import ragged_rows
 
 pytestmark = pytest.mark.gpu
 
@@ -33,21 +34,13 @@ def job_spec(micro_batch: int, compile_layers: bool) -> RLJobSpec:
     )
 
 
-def ragged_rows(vocab: int) -> dict[str, torch.Tensor]:
-    """Left-padded prompts and right-padded responses of random lengths; no old log-probs, so the update also takes
-    them from its own forward and sends them back (the plan's default with one mini-batch and one epoch)."""
-    g = torch.Generator().manual_seed(0)
-    prompt_lens = torch.randint(4, 33, (ROWS,), generator=g)
-    response_lens = torch.randint(1, 33, (ROWS,), generator=g)
-    prompt_mask = (torch.arange(32).expand(ROWS, -1) >= 32 - prompt_lens[:, None]).long()
-    response_mask = (torch.arange(32).expand(ROWS, -1) < response_lens[:, None]).long()
-    return {
-        "prompts": torch.randint(4, vocab, (ROWS, 32), generator=g) * prompt_mask,
-        "prompt_mask": prompt_mask,
-        "responses": torch.randint(4, vocab, (ROWS, 32), generator=g) * response_mask,
-        "response_mask": response_mask,
-        "advantages": torch.randn(ROWS, 1, generator=g).expand(ROWS, 32).contiguous(),
-    }
+def update_rows(vocab: int) -> dict[str, torch.Tensor]:
+    """Ragged rows with one advantage per response and no old log-probs, so the update also takes them from its own
+    forward and sends them back (the plan's default with one mini-batch and one epoch)."""
+    rows = ragged_rows(ROWS, 32, 32, vocab)
+    g = torch.Generator().manual_seed(1)
+    rows["advantages"] = torch.randn(ROWS, 1, generator=g).expand(ROWS, 32).contiguous()
+    return rows
 
 
 def synchronizing_calls(fn: Callable[[], object]) -> int:
@@ -70,7 +63,7 @@ def test_update_waits_for_the_gpu_as_often_in_four_micro_batches_as_in_one(compi
     worker.init_distributed("127.0.0.1", free_port())
     try:
         worker.build_policy(load_trainer_model(TINY), total_steps=8)
-        rows = ragged_rows(worker.config.vocab_size)
+        rows = update_rows(worker.config.vocab_size)
         totals = [{"tokens": float(rows["response_mask"].sum()), "seqs": float(ROWS)}]
         calls = {}
         for micro in (ROWS, ROWS // 4):

@@ -283,9 +283,9 @@ def load_trainer_model(path: str) -> PreTrainedModel:
 def stitch(parts: list[tuple[list[int], dict[str, Tensor]]], rows: Rows) -> dict[str, Tensor]:
     """Per-micro-batch ``(b, r)`` outputs (micro-batch row indices, outputs) back to ``(B, R)`` rows of ``rows``
     on the CPU, 0 at padding and for rows no part covers."""
-    width = rows["responses"].shape[1]
     if not parts:
         return {}
+    width = rows["responses"].shape[1]
     index = torch.as_tensor([i for idx, _ in parts for i in idx])
     stitched: dict[str, Tensor] = {}
     for key in parts[0][1]:
