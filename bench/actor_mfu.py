@@ -125,10 +125,11 @@ def random_rows(n: int, prompt_len: int, response_len: int, vocab: int):
 
 
 def profile_update(worker, rows, totals, top: int) -> dict:
-    """One more ``worker.update`` under torch.profiler: its wall time, the time the GPU was busy, the kernels it
-    launched, and the ``top`` operators by their own device time (on a GPU) and by their own CPU time. A wall time
-    far above the busy time means the update waits on Python and kernel launches; the device's list says which work
-    beyond the counted matmuls costs the most."""
+    """One more ``worker.update`` under torch.profiler: its wall time, the kernels it launched, on a GPU its
+    :func:`device_timeline` (busy time, time by kind of kernel, where the GPU waited), and the ``top`` operators by
+    their own device time (on a GPU) and by their own CPU time. A wall time far above the busy time means the update
+    waits on Python and kernel launches; the kinds and the device's list say which work beyond the counted matmuls
+    costs the most."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -157,26 +158,102 @@ def profile_update(worker, rows, totals, top: int) -> dict:
 
     return {
         "wall_ms": round(wall * 1e3, 1),
-        **({"device_busy_ms": round(device_busy_ns(prof) / 1e6, 1)} if cuda else {}),
+        **({"timeline": device_timeline(device_kernels(prof))} if cuda else {}),
         "kernel_launches": sum(e.count for e in events if e.key in LAUNCHES),
         **({"device": ranked("self_device_time_total")} if cuda else {}),
         "host": ranked("self_cpu_time_total"),
     }
 
 
-def device_busy_ns(prof) -> int:
-    """Nanoseconds during which at least one kernel or copy ran on the GPU (the union of their intervals): the wall
-    time minus this is the time the device waited on the host."""
+KERNEL_KINDS = (
+    ("collective", ("nccl",)),
+    ("attention", ("flash", "fmha")),
+    ("optimizer", ("adam", "multi_tensor")),
+    ("compiled", ("triton",)),
+    ("matmul", ("gemm", "nvjet", "xmma", "cutlass", "cublas")),
+    ("copy", ("memcpy", "memset", "copy")),
+    ("reduction", ("reduce",)),
+    ("elementwise", ("elementwise",)),
+)
+"""Kinds of GPU work, each by substrings of its kernels' names (lower case), first match wins: a flash-attention
+kernel's template arguments name cutlass types, a dtype cast runs as an ``elementwise_kernel`` of a
+``direct_copy_kernel`` and counts as a copy, and inductor's fused kernels (``triton_*``) may carry ``copy`` in their
+names."""
+
+
+LONG_GAP_MS = 0.05
+"""An idle gap this long is a wait on the host (a read-back, Python between launches); shorter ones are the few
+microseconds between dependent kernels that the GPU pays even when its queue is full."""
+
+
+def kernel_kind(name: str) -> str:
+    lowered = name.lower()
+    return next((kind for kind, marks in KERNEL_KINDS if any(mark in lowered for mark in marks)), "other")
+
+
+def device_timeline(kernels: list[tuple[int, int, str]], top_gaps: int = 5) -> dict:
+    """Where the GPU's time went in one update, from its kernels and copies as ``(start_ns, end_ns, name)``.
+
+    ``busy_ms``: the union of their intervals; the wall time minus this is the time the device waited on the host.
+    ``by_kind_ms``: each :data:`KERNEL_KINDS` kind's own time (overlapping kernels both count), with the names
+    behind ``other``. ``idle_ms``: the gaps between the first kernel's start and the last one's end, those of at
+    least :data:`LONG_GAP_MS` apart, and the ``top_gaps`` longest with the kernels on either side, so that a wait
+    can be placed in the update.
+    """
+    spans = sorted(kernels)
+    by_kind: dict[str, float] = {}
+    other: dict[str, float] = {}
+    gaps: list[dict] = []
+    busy, covered_to, last_name = 0, spans[0][0] if spans else 0, ""
+    for start, end, name in spans:
+        kind = kernel_kind(name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + (end - start) / 1e6
+        if kind == "other":
+            other[name] = other.get(name, 0.0) + (end - start) / 1e6
+        if start > covered_to:
+            gaps.append(
+                {
+                    "ms": (start - covered_to) / 1e6,
+                    "at_ms": (covered_to - spans[0][0]) / 1e6,
+                    "after": last_name,
+                    "before": name,
+                }
+            )
+        busy += max(0, end - max(start, covered_to))
+        if end > covered_to:
+            covered_to, last_name = end, name
+    longest = sorted(gaps, key=lambda gap: gap["ms"], reverse=True)[:top_gaps]
+    return {
+        "busy_ms": round(busy / 1e6, 2),
+        "span_ms": round((covered_to - spans[0][0]) / 1e6, 2) if spans else 0.0,
+        "idle_ms": round(sum(gap["ms"] for gap in gaps), 2),
+        "idle_gaps": len(gaps),
+        "idle_long_ms": round(sum(gap["ms"] for gap in gaps if gap["ms"] >= LONG_GAP_MS), 2),
+        "idle_long_gaps": sum(gap["ms"] >= LONG_GAP_MS for gap in gaps),
+        "by_kind_ms": {kind: round(ms, 2) for kind, ms in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+        "other_top": {name[:120]: round(ms, 2) for name, ms in sorted(other.items(), key=lambda kv: -kv[1])[:5]},
+        "longest_gaps": [
+            {
+                **gap,
+                "ms": round(gap["ms"], 3),
+                "at_ms": round(gap["at_ms"], 2),
+                "after": gap["after"][:80],
+                "before": gap["before"][:80],
+            }
+            for gap in longest
+        ],
+    }
+
+
+def device_kernels(prof) -> list[tuple[int, int, str]]:
+    """Every kernel and copy the GPU ran under ``prof``, as ``(start_ns, end_ns, name)``."""
     from torch.autograd import DeviceType
 
-    spans = sorted(
-        (e.start_ns(), e.end_ns()) for e in prof.profiler.kineto_results.events() if e.device_type() == DeviceType.CUDA
-    )
-    busy, covered_to = 0, 0
-    for start, end in spans:
-        busy += max(0, end - max(start, covered_to))
-        covered_to = max(covered_to, end)
-    return busy
+    return [
+        (e.start_ns(), e.end_ns(), e.name())
+        for e in prof.profiler.kineto_results.events()
+        if e.device_type() == DeviceType.CUDA
+    ]
 
 
 def measure(worker, rows, *, warmup: int, iters: int, profile_top: int = 0) -> dict:
@@ -296,11 +373,21 @@ def run_model(name: str, args: argparse.Namespace, worker) -> list[dict]:
 
 
 def print_profile(profiled: dict) -> None:
-    busy = f", device busy {profiled['device_busy_ms']} ms" if "device_busy_ms" in profiled else ""
+    timeline = profiled.get("timeline")
+    busy = f", device busy {timeline['busy_ms']} ms" if timeline else ""
     print(
         f"  profiled update: {profiled['wall_ms']} ms wall{busy}, {profiled['kernel_launches']} kernel launches",
         flush=True,
     )
+    if timeline:
+        kinds = ", ".join(f"{kind} {ms}" for kind, ms in timeline["by_kind_ms"].items())
+        print(f"  device ms by kind: {kinds}", flush=True)
+        print(
+            f"  device idle between its first and last kernel: {timeline['idle_ms']} ms in {timeline['idle_gaps']} "
+            f"gaps, {timeline['idle_long_ms']} ms in the {timeline['idle_long_gaps']} of ≥ {LONG_GAP_MS} ms; longest: "
+            + "; ".join(f"{gap['ms']} ms at {gap['at_ms']} ms" for gap in timeline["longest_gaps"]),
+            flush=True,
+        )
     for side in ("device", "host") if "device" in profiled else ("host",):
         print(f"  costliest by own {side} time:", flush=True)
         for op in profiled[side]:
@@ -401,7 +488,8 @@ def main() -> int:
         type=int,
         default=0,
         metavar="N",
-        help="after timing, profile one update: wall time, kernel launches, its N costliest operators on each side",
+        help="after timing, profile one update: wall time, kernel launches, on a GPU its busy time by kind of kernel and "
+        "its idle gaps, its N costliest operators on each side",
     )
     parser.add_argument("--out", default="bench/results/actor_mfu.json")
     args = parser.parse_args()
