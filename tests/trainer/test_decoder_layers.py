@@ -5,6 +5,8 @@ no_grad, and the reference model (not trainable) is never checkpointed."""
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -16,6 +18,7 @@ from kuberl.trainer.workers import ValueModel, load_trainer_model
 
 TINY = "tiny://llama?hidden=64&layers=3&heads=4&kv_heads=2&seed=0"
 CPU = torch.device("cpu")
+T = TypeVar("T")
 
 
 def prepared(checkpointing: bool, *, trainable: bool = True, value_head: bool = False) -> nn.Module:
@@ -44,16 +47,23 @@ def rows() -> dict[str, Tensor]:
     }
 
 
-def log_probs_and_saved_bytes(model: nn.Module) -> tuple[Tensor, int]:
-    """Summed response log-probs, and the bytes autograd saved for the backward during the forward."""
-    saved = []
+def saved_for_backward(forward: Callable[[], T]) -> tuple[T, list[int]]:
+    """``forward()``, and the bytes of each tensor autograd saved for the backward while it ran."""
+    saved: list[int] = []
 
     def pack_hook(t: Tensor) -> Tensor:
         saved.append(t.numel() * t.element_size())
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda t: t):
-        out = packed_response_log_probs(model, pack(rows()), temperature=0.9, with_entropy=True, device=CPU)
+        return forward(), saved
+
+
+def log_probs_and_saved_bytes(model: nn.Module) -> tuple[Tensor, int]:
+    """Summed response log-probs, and the bytes autograd saved for the backward during the forward."""
+    out, saved = saved_for_backward(
+        lambda: packed_response_log_probs(model, pack(rows()), temperature=0.9, with_entropy=True, device=CPU)
+    )
     return out["log_probs"].sum() + 0.1 * out["entropy"].sum(), sum(saved)
 
 
@@ -70,16 +80,15 @@ def test_checkpointed_layers_give_the_same_gradients_and_keep_fewer_activations(
 
 
 def test_the_critics_value_model_is_checkpointed_too() -> None:
-    model = prepared(True, value_head=True)
     packed = pack(rows())
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
-        values = model(packed.input_ids, packed.position_ids, **packed.attention_kwargs())
+    model, plain = prepared(True, value_head=True), prepared(False, value_head=True)
+    values, saved = saved_for_backward(
+        lambda: model(packed.input_ids, packed.position_ids, **packed.attention_kwargs())
+    )
     values.sum().backward()
-    plain = prepared(False, value_head=True)
-    plain_saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: plain_saved.append(t) or t, lambda t: t):
-        plain(packed.input_ids, packed.position_ids, **packed.attention_kwargs())
+    _, plain_saved = saved_for_backward(
+        lambda: plain(packed.input_ids, packed.position_ids, **packed.attention_kwargs())
+    )
     assert len(saved) < len(plain_saved) / 2
 
 

@@ -15,7 +15,8 @@ verl's ``use_remove_padding``): the rows' real tokens concatenated, no padding, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -146,15 +147,10 @@ class Packed:
 
     def to(self, device: torch.device) -> Packed:
         """The same micro-batch with its tensors on ``device`` (:func:`to_device`: no wait for queued kernels)."""
-        return replace(
-            self,
-            input_ids=to_device(self.input_ids, device),
-            position_ids=to_device(self.position_ids, device),
-            predictors=to_device(self.predictors, device),
-            targets=to_device(self.targets, device),
-            response_mask=to_device(self.response_mask, device),
-            cu_seq_lens=to_device(self.cu_seq_lens, device),
-        )
+        moved: dict[str, Any] = {
+            f.name: to_device(value, device) for f in fields(self) if isinstance(value := getattr(self, f.name), Tensor)
+        }
+        return replace(self, **moved)
 
     def attention_kwargs(self) -> dict[str, Tensor | int]:
         """The row bounds as transformers' flash-attention keyword arguments of a model's forward."""
