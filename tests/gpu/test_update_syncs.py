@@ -43,8 +43,9 @@ def update_rows(vocab: int) -> dict[str, torch.Tensor]:
     return rows
 
 
-def synchronizing_calls(fn: Callable[[], object]) -> int:
-    """How many times ``fn`` made the host wait for the GPU, as torch's sync debug mode counts them."""
+def synchronizing_calls(fn: Callable[[], object]) -> list[str]:
+    """Where ``fn`` made the host wait for the GPU (``file:line`` of the Python call that waited, once per wait), as
+    torch's sync debug mode reports them."""
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -53,7 +54,7 @@ def synchronizing_calls(fn: Callable[[], object]) -> int:
             fn()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchronizing" in str(w.message) for w in caught)
+    return [f"{w.filename}:{w.lineno}" for w in caught if "synchronizing" in str(w.message)]
 
 
 @pytest.mark.parametrize("compile_layers", [False, True], ids=["eager", "compiled"])
@@ -76,4 +77,6 @@ def test_update_waits_for_the_gpu_as_often_in_four_micro_batches_as_in_one(compi
 
         dist.destroy_process_group()
     record[f"synchronizing_calls_by_micro_batch_rows_{'compiled' if compile_layers else 'eager'}"] = calls
-    assert calls[ROWS // 4] == calls[ROWS], f"synchronizing CUDA calls per update by micro-batch rows: {calls}"
+    assert len(calls[ROWS // 4]) == len(calls[ROWS]), (
+        f"synchronizing CUDA calls per update by micro-batch rows: {calls}"
+    )

@@ -138,8 +138,10 @@ class Packed:
     """``(N,)``: the index in ``T`` of the token whose output predicts each of the ``N`` valid response tokens."""
     targets: Tensor
     """``(N,)``: those response token ids."""
-    response_mask: Tensor
-    """``(b, r)`` bool: where the ``N`` valid response tokens sit in the rows."""
+    response_index: Tensor
+    """``(N,)``: where each valid response token sits in the ``(b, r)`` rows, as a flat index, found on the host."""
+    rows_shape: tuple[int, int]
+    """``(b, r)``: the trimmed rows' shape."""
     cu_seq_lens: Tensor
     """``(b + 1,)`` int32: where each row starts in ``T``, then ``T`` (flash-attention's ``cu_seqlens``)."""
     longest: int
@@ -159,8 +161,13 @@ class Packed:
 
     def unpack(self, values: Tensor) -> Tensor:
         """Per-token ``(N,)`` values back to ``(b, r)`` rows, 0 at padding (differentiable); ``values`` on the
-        packed tensors' device."""
-        return values.new_zeros(self.response_mask.shape).masked_scatter(self.response_mask, values)
+        packed tensors' device. A scatter to known indices: a masked scatter's backward selects by mask, and finding
+        how many elements a mask selects waits for the GPU, once per micro-batch of an update."""
+        return (
+            values.new_zeros(self.rows_shape[0] * self.rows_shape[1])
+            .scatter(0, self.response_index, values)
+            .view(self.rows_shape)
+        )
 
 
 def pack(rows: Rows) -> Packed:
@@ -185,7 +192,8 @@ def pack(rows: Rows) -> Packed:
         position_ids=position_ids[real].unsqueeze(0),
         predictors=packed_index[:, p - 1 : p + r - 1][response_mask],
         targets=rows["responses"][response_mask],
-        response_mask=response_mask,
+        response_index=response_mask.flatten().nonzero().squeeze(1),
+        rows_shape=(response_mask.shape[0], response_mask.shape[1]),
         cu_seq_lens=torch.nn.functional.pad(row_tokens.cumsum(0), (1, 0)).to(torch.int32),
         longest=int(row_tokens.max()),
     )
