@@ -50,14 +50,22 @@ class OperatorProcess:
             *self.extra_args,
         ]
 
-    def start(self, wait_ready: bool = True, timeout: float = 30) -> OperatorProcess:
+    def start(self, wait_ready: bool = True, timeout: float = 30, bind_retries: int = 3) -> OperatorProcess:
+        """Start the process; when it exits because a port picked earlier by ``free_port`` was taken meanwhile (an
+        outgoing connection of another process may get that ephemeral port), pick fresh ports and start again."""
         self.starts += 1
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": PYTHONPATH, "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "wb") as log:
             self.popen = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
         if wait_ready:
-            self.wait_ready(timeout)
+            try:
+                self.wait_ready(timeout)
+            except RuntimeError:
+                if bind_retries < 1 or "Address already in use" not in self.log_tail():
+                    raise
+                self.metrics_port, self.health_port = free_port(), free_port()
+                return self.start(wait_ready, timeout, bind_retries - 1)
         return self
 
     def wait_ready(self, timeout: float = 30) -> None:
