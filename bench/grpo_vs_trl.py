@@ -32,6 +32,7 @@ code is 1. Usage (GPU machine, docs/gpu.md; TRL and the wheels it needs there fr
 
     python bench/grpo_vs_trl.py --model smollm2 --steps 5 --prompts 32 --group 8 --max-prompt 256 \\
         --max-response 256 --out bench/results/grpo_vs_trl.json
+    python bench/grpo_vs_trl.py --model shape:llama-1.1b --work-dir /tmp/bench-1b ...   # the 1.14B random llama
 """
 
 from __future__ import annotations
@@ -49,8 +50,12 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.shapes import RANDOM, save_random
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+SHAPE_PREFIX = "shape:"
 
 PACKAGES = ("torch", "transformers", "vllm", "ray", "trl", "accelerate", "datasets", "kuberl")
 ERROR_TAIL_LINES = 40
@@ -520,9 +525,29 @@ def trl_child(config_path: str) -> int:
 # --- driver ------------------------------------------------------------------------------------------------------
 
 
+def shape_folder(model: str, work: Path) -> str:
+    """The HF folder of ``shape:NAME`` under ``work``, written once (seeded random weights: same model every time);
+    written beside it and renamed, so a run killed half-way leaves no folder that looks complete."""
+    name = model.removeprefix(SHAPE_PREFIX)
+    if name not in RANDOM:
+        raise SystemExit(f"--model {model}: no shape {name!r} in bench/shapes.py; known: {', '.join(sorted(RANDOM))}")
+    folder = work / f"model-{name}"
+    if not folder.exists():
+        partial = work / f".model-{name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        save_random(name, str(partial), tokenizer="smollm2")
+        partial.rename(folder)
+    return str(folder)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2", help="model.path: smollm2, a HF folder, a .gguf, tiny://…")
+    parser.add_argument(
+        "--model",
+        default="smollm2",
+        help=f"model.path (smollm2, a HF folder, a .gguf, tiny://…) or {SHAPE_PREFIX}NAME: a random-weight model of "
+        f"bench/shapes.py's shape NAME ({', '.join(sorted(RANDOM))}) with SmolLM2's tokenizer, built under --work-dir",
+    )
     parser.add_argument("--steps", type=int, default=5, help="training steps per side; step 1 is not measured")
     parser.add_argument("--prompts", type=int, default=32, help="prompts per step (kuberl trainBatchSize)")
     parser.add_argument("--group", type=int, default=8, help="samples per prompt (rolloutN, num_generations)")
@@ -578,7 +603,7 @@ def main() -> int:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="grpo-vs-trl-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    folder = model_folder(args.model)  # converts a GGUF once (cached), materialises tiny://
+    folder = shape_folder(args.model, work) if args.model.startswith(SHAPE_PREFIX) else model_folder(args.model)
     data = write_data(folder, work / "train.parquet", args.prompts * (args.steps + 1), args.max_prompt, args.seed)
     print(
         f"model {args.model} → {folder} and {data['rows']} prompts ready in {time.perf_counter() - start:.1f} s; "

@@ -5,9 +5,9 @@
 # Stages: install (offline bundle staged in /root/stage, extra wheels, docs/gpu.md), env (only set up the
 # environment), lite (no bundle: the carried .device/lite wheels, for bench-mfu and the tests not marked vllm),
 # tests (tests/gpu, one process per module), bench-sync, bench-rollout, bench-mfu (MFU_ARGS), bench-trl,
-# grpo (GRPO_SPECS, tests/gpu/*.yaml), agent (tests/gpu/smollm2-agent-vllm.yaml), shape-1b (a random 1.1B llama
-# in /tmp/llama-1.1b for TRL_ARGS="--model /tmp/llama-1.1b"), plan (bench/plan_accuracy.py on the kuberl side of
-# the last bench-trl, whose TRL_ARGS must include --work-dir "$BENCH_DIR").
+# grpo (GRPO_SPECS, tests/gpu/*.yaml), agent (tests/gpu/smollm2-agent-vllm.yaml), plan (bench/plan_accuracy.py on
+# the kuberl side of the last bench-trl, whose TRL_ARGS must include --work-dir "$BENCH_DIR"). The 1.1B benchmark:
+# TRL_ARGS="--model shape:llama-1.1b --work-dir /tmp/bench-1b ..." (the script writes the random-weight model).
 # Logs and JSON go to $OUT (the device tool brings back at most 8 files).
 set -u
 OUT=${OUT:-/tmp/kuberl-gpu-out}
@@ -134,11 +134,6 @@ agent() {
   grep -e "^step" "$OUT/agent.log" | tail -3 | tee -a "$OUT/session.log"
 }
 
-shape_1b() {
-  log "shape llama-1.1b"
-  python3 bench/shapes.py llama-1.1b /tmp/llama-1.1b 2>&1 | tail -1 | tee -a "$OUT/session.log"
-}
-
 plan_accuracy() {
   log "plan accuracy ${PLAN_TAG:-smollm2}"
   python3 bench/plan_accuracy.py --spec "$BENCH_DIR/kuberl-rljob.yaml" --metrics "$BENCH_DIR/kuberl-run/metrics.jsonl" \
@@ -165,7 +160,6 @@ for stage in "$@"; do
     bench-trl) bench_trl ;;
     grpo) grpo ;;
     agent) agent ;;
-    shape-1b) shape_1b ;;
     plan) plan_accuracy ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac
