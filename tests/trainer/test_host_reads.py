@@ -24,9 +24,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from kuberl.api.spec import RLJobSpec
+from kuberl.trainer.microbatch import Rows
 from kuberl.trainer.plan import plan_execution
 from kuberl.trainer.weight_sync import free_port
 from kuberl.trainer.workers import ActorWorker, CriticWorker, load_trainer_model
+from tests.trainer.test_packing import ragged_rows
 
 TINY = "tiny://llama?hidden=64&layers=2&heads=4&kv_heads=2&seed=0"
 ROWS = 16
@@ -98,23 +100,14 @@ def job_spec(micro_batch: int) -> RLJobSpec:
     )
 
 
-def ragged_rows(vocab: int) -> dict[str, Tensor]:
-    """Left-padded prompts, right-padded responses of random lengths, with advantages, old values and returns."""
+def ppo_rows(vocab: int) -> Rows:
+    """Ragged rows (lengths drawn at random) with advantages, old values and returns."""
     g = torch.Generator().manual_seed(0)
-    prompt_lens = torch.randint(LENGTH // 4, LENGTH + 1, (ROWS,), generator=g)
-    response_lens = torch.randint(1, LENGTH + 1, (ROWS,), generator=g)
-    positions = torch.arange(LENGTH).expand(ROWS, -1)
-    prompt_mask = (positions >= LENGTH - prompt_lens[:, None]).long()
-    response_mask = (positions < response_lens[:, None]).long()
-    return {
-        "prompts": torch.randint(4, vocab, (ROWS, LENGTH), generator=g) * prompt_mask,
-        "prompt_mask": prompt_mask,
-        "responses": torch.randint(4, vocab, (ROWS, LENGTH), generator=g) * response_mask,
-        "response_mask": response_mask,
-        "advantages": torch.randn(ROWS, LENGTH, generator=g),
-        "values": torch.randn(ROWS, LENGTH, generator=g),
-        "returns": torch.randn(ROWS, LENGTH, generator=g),
-    }
+    prompt_lens = torch.randint(LENGTH // 4, LENGTH + 1, (ROWS,), generator=g).tolist()
+    response_lens = torch.randint(1, LENGTH + 1, (ROWS,), generator=g).tolist()
+    rows = ragged_rows(prompt_lens, response_lens, vocab)
+    shape = rows["responses"].shape
+    return {**rows, "values": torch.randn(shape, generator=g), "returns": torch.randn(shape, generator=g)}
 
 
 @contextmanager
@@ -156,7 +149,7 @@ def reads_by_micro_batch(worker: ActorWorker | CriticWorker, run: Callable[[], o
 )
 def test_passes_read_back_as_often_in_four_micro_batches_as_in_one(role: str, pass_name: str) -> None:
     with worker_for(role) as worker:
-        rows = ragged_rows(load_trainer_model(TINY).config.vocab_size)
+        rows = ppo_rows(load_trainer_model(TINY).config.vocab_size)
         totals = [{"tokens": float(rows["response_mask"].sum()), "seqs": float(ROWS)}]
         if pass_name == "update":
             run: Callable[[], object] = lambda: worker.update([rows], totals)  # noqa: E731
