@@ -50,11 +50,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.shapes import RANDOM, save_random
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 SHAPE_PREFIX = "shape:"
 
 PACKAGES = ("torch", "transformers", "vllm", "ray", "trl", "accelerate", "datasets", "kuberl")
@@ -528,6 +525,8 @@ def trl_child(config_path: str) -> int:
 def shape_folder(model: str, work: Path) -> str:
     """The HF folder of ``shape:NAME`` under ``work``, written once (seeded random weights: same model every time);
     written beside it and renamed, so a run killed half-way leaves no folder that looks complete."""
+    from bench.shapes import RANDOM, save_random
+
     name = model.removeprefix(SHAPE_PREFIX)
     if name not in RANDOM:
         raise SystemExit(f"--model {model}: no shape {name!r} in bench/shapes.py; known: {', '.join(sorted(RANDOM))}")
@@ -546,7 +545,7 @@ def main() -> int:
         "--model",
         default="smollm2",
         help=f"model.path (smollm2, a HF folder, a .gguf, tiny://…) or {SHAPE_PREFIX}NAME: a random-weight model of "
-        f"bench/shapes.py's shape NAME ({', '.join(sorted(RANDOM))}) with SmolLM2's tokenizer, built under --work-dir",
+        "bench/shapes.py's shape NAME (e.g. llama-1.1b) with SmolLM2's tokenizer, built under --work-dir",
     )
     parser.add_argument("--steps", type=int, default=5, help="training steps per side; step 1 is not measured")
     parser.add_argument("--prompts", type=int, default=32, help="prompts per step (kuberl trainBatchSize)")

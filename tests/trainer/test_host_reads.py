@@ -1,7 +1,7 @@
-"""The actor's and the critic's passes read no device value back on the host per micro-batch: on CPU the same code runs under a
-dispatch mode that marks every tensor the model, the optimizer or the backward produced as device-resident and
-records each operator that would make the host wait for a GPU (a scalar read, an output whose shape depends on the
-values, a boolean-mask index). Four micro-batches must record as many as one.
+"""The actor's and the critic's passes read no device value back on the host per micro-batch: on CPU the same code
+runs under a dispatch mode that marks every tensor the model, the optimizer or the backward produced as
+device-resident and records each operator that would make the host wait for a GPU (a scalar read, an output whose
+shape depends on the values, a boolean-mask index). Four micro-batches must record as many as one.
 
 tests/gpu/test_update_syncs.py checks the same with CUDA's own sync debug mode on a GPU; this tier catches the kind
 that needs no GPU (a masked scatter's backward, an ``.item()`` on a loss) in CPU CI. It cannot see copies to the
@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_flatten
 
 from kuberl.api.spec import RLJobSpec
 from kuberl.trainer.microbatch import Rows
+from kuberl.trainer.models import parse_tiny, tiny_config
 from kuberl.trainer.plan import plan_execution
 from kuberl.trainer.weight_sync import free_port
 from kuberl.trainer.workers import ActorWorker, CriticWorker, load_trainer_model
@@ -149,7 +150,7 @@ def reads_by_micro_batch(worker: ActorWorker | CriticWorker, run: Callable[[], o
 )
 def test_passes_read_back_as_often_in_four_micro_batches_as_in_one(role: str, pass_name: str) -> None:
     with worker_for(role) as worker:
-        rows = ppo_rows(load_trainer_model(TINY).config.vocab_size)
+        rows = ppo_rows(tiny_config(parse_tiny(TINY)).vocab_size)
         totals = [{"tokens": float(rows["response_mask"].sum()), "seqs": float(ROWS)}]
         if pass_name == "update":
             run: Callable[[], object] = lambda: worker.update([rows], totals)  # noqa: E731
