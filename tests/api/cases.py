@@ -674,6 +674,31 @@ INVALID_CASES += [
         "reward.onError zero",
     ),
     _case(
+        "reward-sandbox-with-model",
+        "spec.reward.sandbox",
+        "reward-sandbox-needs-function",
+        lambda doc: doc["spec"].update(reward={"sandbox": {}, "model": {"path": "/models/rm", "maxLength": 4096}}),
+        "reward.sandbox runs",
+    ),
+    _case(
+        "sandbox-network-egress",
+        "spec.reward.sandbox.network",
+        "schema",
+        _set("spec.reward.sandbox", {"network": "egress"}),
+    ),
+    _case(
+        "sandbox-language-unsupported",
+        "spec.reward.sandbox.languages[0]",
+        "schema",
+        _set("spec.reward.sandbox", {"languages": ["cpp"]}),
+    ),
+    _case(
+        "sandbox-memory-below-interpreter",
+        "spec.rollout.agent.sandbox.execution.memoryMb",
+        "schema",
+        _set("spec.rollout.agent", {"tools": [{"name": "calculator"}], "sandbox": {"execution": {"memoryMb": 16}}}),
+    ),
+    _case(
         "reward-timeout-zero",
         "spec.reward.timeoutSeconds",
         "schema",

@@ -667,6 +667,15 @@ RULES: tuple[Rule, ...] = (
         "reward.model scores every sample or fails the step; use onError fail with a reward model",
         verl="ours",
     ),
+    # --- sandboxes (issue 40) ---
+    Rule(
+        id="reward-sandbox-needs-function",
+        field="reward.sandbox",
+        rule="!has(self.reward.sandbox) || !has(self.reward.model)",
+        message="reward.sandbox runs the policy's programs for a reward function, but reward.model scores with a "
+        "model; remove one of them",
+        verl="ours",
+    ),
     Rule(
         id="name-fits-kuberay",
         field="metadata.name",

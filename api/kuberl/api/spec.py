@@ -242,6 +242,84 @@ class Data(SpecModel):
     seed: int = Field(1, ge=0, le=2**31 - 1, description="Seed of the data order, sampling and initialisation.")
 
 
+class Toleration(SpecModel):
+    key: Annotated[str, Field(max_length=316)] | None = Field(None, description="Taint key.")
+    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal.")
+    value: Annotated[str, Field(max_length=253)] | None = Field(None, description="Taint value.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="Taint effect.")
+    toleration_seconds: int | None = Field(
+        None, ge=0, le=2**31 - 1, description="How long a NoExecute taint is tolerated."
+    )
+
+
+# --- sandboxes: programs a policy writes, run where they cannot harm the job (issue 40; docs/security.md) -------
+
+
+class SandboxExecution(SpecModel):
+    """What one run of a program may use; the sandbox server enforces it (rlimits, a wall-clock kill)."""
+
+    wall_seconds: float = Field(
+        10, gt=0, le=600, description="Wall-clock seconds of one run; past them every process of the run is killed."
+    )
+    cpu_seconds: int = Field(5, ge=1, le=600, description="CPU seconds of each process of a run (RLIMIT_CPU).")
+    memory_mb: int = Field(
+        512, ge=64, le=65536, description="Address space of each process of a run, in MiB (RLIMIT_AS)."
+    )
+    processes: int = Field(
+        16, ge=1, le=1024, description="Processes and threads a run may have at once (RLIMIT_NPROC)."
+    )
+    disk_mb: int = Field(
+        16,
+        ge=1,
+        le=4096,
+        description="Largest file a run may write, in MiB (RLIMIT_FSIZE), and the size of its working directory.",
+    )
+    open_files: int = Field(64, ge=16, le=4096, description="Open file descriptors of each process (RLIMIT_NOFILE).")
+    output_bytes: int = Field(
+        65536,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="Bytes of stdout and of stderr a run may write; a run that writes more is killed, its output cut.",
+    )
+
+
+SandboxLanguage = Literal["python"]
+
+
+class Sandbox(SpecModel):
+    """A pool of sandbox pods owned by the RLJob: a Deployment and a Service the job's Ray pods call."""
+
+    replicas: int = Field(1, ge=1, le=256, description="Sandbox pods.")
+    executions_per_pod: int = Field(
+        2, ge=1, le=64, description="Executions one pod runs at once; each gets cpuPerExecution and its limits."
+    )
+    cpu_per_execution: Quantity = Field(
+        "1", description="CPU of one execution; a pod requests and is limited to executionsPerPod of them (+ 250m)."
+    )
+    image: Annotated[str, Field(min_length=1, max_length=512)] | None = Field(
+        None, description="Image of the sandbox pods (it needs kuberl and the languages); default cluster.image."
+    )
+    languages: list[SandboxLanguage] = Field(
+        default_factory=lambda: list[SandboxLanguage](["python"]),
+        min_length=1,
+        max_length=4,
+        description="Languages programs are written in: python (the image interpreter's standard library).",
+    )
+    network: Literal["none"] = Field(
+        "none",
+        description="none: programs reach no network (a NetworkPolicy admits only the job's Ray pods and allows no "
+        "egress; the server refuses to start where it is not enforced).",
+    )
+    runtime_class_name: Annotated[str, Field(max_length=253)] | None = Field(
+        None, description="RuntimeClass of the sandbox pods, e.g. gvisor (a kernel of its own per pod)."
+    )
+    node_selector: LabelMap = Field(default_factory=dict, description="Node labels the sandbox pods must match.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Tolerations of the sandbox pods."
+    )
+    execution: SandboxExecution = Field(default_factory=SandboxExecution, description="Limits of one run of a program.")
+
+
 class RewardModel(SpecModel):
     path: PathStr = Field(
         description="A sequence-classification model (local folder) whose last-token logit is the score."
@@ -292,6 +370,9 @@ class Reward(SpecModel):
         le=1,
         description="With onError zero: the largest fraction of one batch's samples that may fail; above it the "
         "job fails.",
+    )
+    sandbox: Sandbox | None = Field(
+        None, description="A sandbox pool where the reward function runs the policy's programs (docs/rewards.md)."
     )
 
 
@@ -421,6 +502,9 @@ class Agent(SpecModel):
     workers: int = Field(4, ge=1, le=256, description="Tool worker processes on the driver.")
     memory_limit_mb: int = Field(
         1024, ge=64, le=262144, description="Address-space limit of each tool worker process (RLIMIT_AS)."
+    )
+    sandbox: Sandbox | None = Field(
+        None, description="A sandbox pool where tools run the policy's programs (docs/agentic.md)."
     )
 
 
@@ -554,16 +638,6 @@ class Trainer(SpecModel):
 
 
 # --- cluster -----------------------------------------------------------------------
-
-
-class Toleration(SpecModel):
-    key: Annotated[str, Field(max_length=316)] | None = Field(None, description="Taint key.")
-    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal.")
-    value: Annotated[str, Field(max_length=253)] | None = Field(None, description="Taint value.")
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="Taint effect.")
-    toleration_seconds: int | None = Field(
-        None, ge=0, le=2**31 - 1, description="How long a NoExecute taint is tolerated."
-    )
 
 
 class EnvVar(SpecModel):
