@@ -15,6 +15,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY api/ api/
 COPY operator/ operator/
+COPY sandbox/ sandbox/
 COPY trainer/ trainer/
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/kuberl \

@@ -30,6 +30,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY api/ api/
 COPY operator/ operator/
+COPY sandbox/ sandbox/
 COPY trainer/ trainer/
 # kuberl[gpu] = kuberl[trainer] + vllm==0.26.0 + nvidia-ml-py; Ray 2.60 with [default] (dashboard, metrics agent)
 RUN pip install ".[gpu]" \

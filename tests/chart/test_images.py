@@ -64,7 +64,7 @@ def test_dockerignore_keeps_the_build_context_to_the_sources():
         if line.strip() and not line.startswith("#")
     }
     assert {".git", ".venv", "runs", "checkpoints", "tests", "e2e"} <= ignored
-    assert not {"api", "operator", "trainer", "pyproject.toml", "README.md"} & ignored
+    assert not {"api", "operator", "sandbox", "trainer", "pyproject.toml", "README.md"} & ignored
 
 
 @pytest.mark.slow
