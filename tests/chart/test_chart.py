@@ -110,6 +110,8 @@ OPERATOR = {
     *{("", "events", v) for v in ("create", "get", "list", "watch")},
     *{("", "pods", v) for v in ("get", "list", "watch")},  # read only: why a Ray cluster is not running
     *{("networking.k8s.io", "networkpolicies", v) for v in ("get", "create")},
+    *{("apps", "deployments", v) for v in ("get", "list", "watch", "create", "patch")},  # sandbox pools
+    *{("", "services", v) for v in ("get", "create")},
 }
 TRAINER = {
     ("kuberl.io", "rljobs", "get"),

@@ -113,3 +113,42 @@ TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # RFC 3339 in UTC, seconds: every time 
 def timestamp(at: datetime | None = None) -> str:
     """`at` (default: now) in TIMESTAMP_FORMAT."""
     return (at or datetime.now(UTC)).astimezone(UTC).strftime(TIMESTAMP_FORMAT)
+
+
+# --- sandbox pools (kuberl.sandbox; the operator renders them, the trainer calls them) -----------------------------
+
+SANDBOX_MODULE = "kuberl.sandbox"  # `python -m` this: the execution server, pid 1 of every sandbox pod
+SANDBOX_PORT = 8000  # the server's HTTP port, and the Service's
+SANDBOX_WORKROOT = "/tmp"  # the memory-backed volume of a sandbox pod where its executions' directories live
+SANDBOX_REWARD = "reward"  # the pool of reward.sandbox
+SANDBOX_TOOLS = "tools"  # the pool of rollout.agent.sandbox
+SANDBOX_LABEL = f"{GROUP}/sandbox"  # on a sandbox pod, instead of RLJOB_LABEL: the owning RLJob's name. Not
+# RLJOB_LABEL, so that the Ray NetworkPolicy neither selects the pool nor admits it as one of the job's pods
+
+
+def sandbox_name(name: str, role: str) -> str:
+    """The Deployment and Service of RLJob `name`'s pool `role` (SANDBOX_REWARD, SANDBOX_TOOLS)."""
+    return f"{name}-sandbox-{role}"
+
+
+def sandbox_url(name: str, namespace: str, role: str) -> str:
+    """Where the trainer reaches the pool: its Service."""
+    return f"http://{sandbox_name(name, role)}.{namespace}.svc:{SANDBOX_PORT}"
+
+
+def sandbox_command(executions_per_pod: int, limits_json: str) -> list[str]:
+    """The sandbox container's command; `limits_json` is the spec's `sandbox.execution` in its wire form."""
+    return [
+        "python",
+        "-m",
+        SANDBOX_MODULE,
+        "serve",
+        "--listen",
+        f"0.0.0.0:{SANDBOX_PORT}",
+        "--executions",
+        str(executions_per_pod),
+        "--limits",
+        limits_json,
+        "--workroot",
+        SANDBOX_WORKROOT,
+    ]

@@ -35,6 +35,7 @@ class ConditionType(StrEnum):
     KUBERAY_SUPPORTED = "KubeRaySupported"  # False while the installed KubeRay is older than kuberl supports
     PROGRESS_REPORTED = "ProgressReported"  # False while a Running job's trainer is silent (operator/ownership.py)
     STALLED = "Stalled"  # True while a Running job's progress is older than runPolicy.stallTimeoutSeconds
+    SANDBOX_READY = "SandboxReady"  # True while every pod of the job's sandbox pools is ready (operator/sandbox.py)
 
 
 class StatusModel(BaseModel):
@@ -107,6 +108,12 @@ class Progress(StatusModel):
     )
 
 
+class SandboxPoolStatus(StatusModel):
+    pool: Annotated[str, Field(max_length=16)] = Field(description="reward (reward.sandbox) or tools.")
+    replicas: int = Field(ge=0, description="Pods the pool's Deployment asks for (0 while suspended or finished).")
+    ready_replicas: int = Field(0, ge=0, description="Pods whose server passed its readiness probe.")
+
+
 class RLJobStatus(StatusModel):
     phase: Phase | None = Field(None, description="Pending, Running, Restarting, Suspended, Succeeded or Failed.")
     message: Text | None = Field(None, description="Why the job is in this phase.")
@@ -127,4 +134,7 @@ class RLJobStatus(StatusModel):
         None, description="When the job finished.", json_schema_extra={"format": "date-time"}
     )
     progress: Progress | None = Field(None, description="Reported by the trainer while it runs.")
+    sandboxes: Annotated[list[SandboxPoolStatus], Field(max_length=2)] | None = Field(
+        None, description="The sandbox pools: replicas and ready replicas."
+    )
     kopf: dict[str, Any] | None = Field(None, description="Handler bookkeeping of the operator framework.")

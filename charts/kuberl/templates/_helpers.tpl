@@ -122,6 +122,14 @@ app.kubernetes.io/component: operator
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "create"]
+# the sandbox pools <name>-sandbox-<pool>: a Deployment (scaled to 0 while suspended or finished, its readiness
+# watched into status.sandboxes) and a Service each (their NetworkPolicies: the rule above)
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "create"]
 # the checkpoint claim <name>-checkpoints of storage.claim
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]

@@ -5,6 +5,7 @@ RLJob create/resume → check KubeRay's version (kuberay_support.py), validate, 
 RLJob spec update   → propagate runPolicy.suspend (and the template while no Ray cluster exists).
 RayJob event        → recompute the owning RLJob's status (phase, conditions, Events).
 RLJob event with a permanent failure the trainer reported → end it Failed and delete its RayJob (no retry).
+Sandbox Deployment event → status.sandboxes and SandboxReady; a finished RLJob's pools are scaled to no pods.
 A thread (ownership.py) → every resync period: restore a status someone else wrote, warn about silent trainers.
 RLJob event         → the `kuberl_operator_rljobs{phase}` gauge.
 A thread (clusterwatch.py) → ClusterReady=False with the cause that blocks a waiting RLJob's Ray cluster.
@@ -21,7 +22,16 @@ from typing import Any
 import kopf
 from kubernetes import client, config
 
-from kuberl.api.contract import GROUP, PLURAL, RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, RLJOB_LABEL, VERSION
+from kuberl.api.contract import (
+    GROUP,
+    PLURAL,
+    RAY_GROUP,
+    RAY_VERSION,
+    RAYJOB_PLURAL,
+    RLJOB_LABEL,
+    SANDBOX_LABEL,
+    VERSION,
+)
 from kuberl.operator import clusterwatch, kuberay_support, metrics, ownership, reconcile
 from kuberl.operator.settings import OperatorConfig, configure
 
@@ -128,6 +138,24 @@ def rljob_failure_reported(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         return
     with metrics.reconciling("failure"):
         reconcile.on_failure_reported(memo.api, body)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={SANDBOX_LABEL: kopf.PRESENT})
+def sandbox_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A sandbox pool's Deployment changed (its ready replicas): status.sandboxes and SandboxReady follow."""
+    if memo.get("api") is None:
+        return
+    with metrics.reconciling("sandbox"):
+        reconcile.on_sandbox_deployment(memo.api, dict(body))
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, when=lambda body, **_: reconcile.sandboxes_outlive_job(body))
+def rljob_finished_with_sandboxes(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A finished job's sandbox pools keep no pods."""
+    if memo.get("api") is None:
+        return
+    with metrics.reconciling("sandbox"):
+        reconcile.stop_sandboxes(memo.api, body)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

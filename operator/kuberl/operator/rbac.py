@@ -27,6 +27,10 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
     # the NetworkPolicy `<name>-ray` that admits only the job's pods, KubeRay and the monitoring namespace
     {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "create"]},
+    # the sandbox pools `<name>-sandbox-<pool>`: a Deployment (scaled to 0 while suspended or finished; its readiness
+    # is watched into status.sandboxes) and a Service each (their NetworkPolicies: the rule above)
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "watch", "create", "patch"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "create"]},
     # the checkpoint claim `<name>-checkpoints` of storage.claim
     {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "create"]},
     # Events on RLJobs (kopf posts core/v1 Events); read: the Warning Events on Ray clusters and pods (diagnosis)

@@ -31,12 +31,13 @@ from kuberl.api.contract import (
     RLJOB_LABEL,
     SPEC_HASH_ANNOTATION,
     VERSION,
+    sandbox_name,
     timestamp,
 )
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import TERMINAL_PHASES, FailureClass
 from kuberl.api.validation import validate_document
-from kuberl.operator import metrics
+from kuberl.operator import metrics, sandbox
 from kuberl.operator.rayjob import (
     NO_CLUSTER_STATES,
     RenderError,
@@ -76,6 +77,7 @@ class Api:
         self.custom = client.CustomObjectsApi(self.client)
         self.core = client.CoreV1Api(self.client)
         self.networking = client.NetworkingV1Api(self.client)
+        self.apps = client.AppsV1Api(self.client)
         self.trust = trust or Policy()
 
     # the NetworkPolicy (created once, never updated)
@@ -86,6 +88,22 @@ class Api:
 
     def get_networkpolicy(self, namespace: str, name: str) -> dict[str, Any] | None:
         return _none_on_404(lambda: self._plain(self.networking.read_namespaced_network_policy(name, namespace)))
+
+    # the sandbox pools (operator/sandbox.py): Deployments and Services, created once; replicas follow the job
+    def create_deployment(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._plain(self.apps.create_namespaced_deployment(namespace, cast(client.V1Deployment, body)))
+
+    def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return _none_on_404(lambda: self._plain(self.apps.read_namespaced_deployment(name, namespace)))
+
+    def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
+        self.apps.patch_namespaced_deployment(name, namespace, {"spec": {"replicas": replicas}})
+
+    def create_service(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._plain(self.core.create_namespaced_service(namespace, cast(client.V1Service, body)))
+
+    def get_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return _none_on_404(lambda: self._plain(self.core.read_namespaced_service(name, namespace)))
 
     # RLJobs
     def get_rljob(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -267,6 +285,72 @@ def ensure_networkpolicy(api: Api, networkpolicy: dict[str, Any], uid: str) -> N
     existing, created = create_or_read("NetworkPolicy", networkpolicy, api.create_networkpolicy, api.get_networkpolicy)
     if not created:
         _adopt_or_refuse("NetworkPolicy", existing, uid)
+
+
+def ensure_sandboxes(api: Api, body: kopf.Body | dict[str, Any], unrenderable: Refusal) -> None:
+    """Create-or-adopt the sandbox pools' Deployments, Services and NetworkPolicies (operator/sandbox.py), and give
+    their Deployments the replicas the job's state asks for: none while suspended or finished."""
+    meta = body["metadata"]
+    spec = RLJobSpec.model_validate(_plain(body["spec"]))
+    try:
+        objects = sandbox.render_pools(meta["name"], meta["namespace"], meta["uid"], spec, stopped=pools_stopped(body))
+    except RenderError as exc:
+        unrenderable(api, body, [str(exc)])
+    if not objects:
+        return
+    calls = {
+        "Deployment": (api.create_deployment, api.get_deployment),
+        "Service": (api.create_service, api.get_service),
+        "NetworkPolicy": (api.create_networkpolicy, api.get_networkpolicy),
+    }
+    for desired in objects:
+        kind = desired["kind"]
+        existing, created = create_or_read(kind, desired, *calls[kind])
+        if created:
+            continue
+        _adopt_or_refuse(kind, existing, meta["uid"])
+        wanted = desired["spec"].get("replicas")
+        if kind == "Deployment" and (existing.get("spec") or {}).get("replicas") != wanted:
+            api.scale_deployment(meta["namespace"], desired["metadata"]["name"], wanted)
+
+
+def pools_stopped(body: kopf.Body | dict[str, Any]) -> bool:
+    """Whether the sandbox pools should have no pods: the job is suspended or has finished."""
+    return suspend_of(body.get("spec")) or (body.get("status") or {}).get("phase") in TERMINAL_PHASES
+
+
+def sandboxes_outlive_job(body: kopf.Body | dict[str, Any]) -> bool:
+    """The job has finished but status.sandboxes still shows pods asked for (the RLJob watch's filter)."""
+    status = body.get("status") or {}
+    return status.get("phase") in TERMINAL_PHASES and any(p.get("replicas") for p in status.get("sandboxes") or [])
+
+
+def stop_sandboxes(api: Api, body: kopf.Body | dict[str, Any]) -> None:
+    """Scale a finished job's pools to no pods (their Deployments stay, owned by the RLJob, until it is deleted)."""
+    meta = body["metadata"]
+    for entry in (body.get("status") or {}).get("sandboxes") or []:
+        deployment = api.get_deployment(meta["namespace"], sandbox_name(meta["name"], entry["pool"]))
+        if deployment is not None and controller_uid(deployment) == meta["uid"]:
+            api.scale_deployment(meta["namespace"], deployment["metadata"]["name"], 0)
+
+
+def on_sandbox_deployment(api: Api, deployment: dict[str, Any]) -> None:
+    """A sandbox pool's Deployment changed: recompute its owner's status.sandboxes and SandboxReady."""
+    meta = deployment.get("metadata") or {}
+    owner = next(
+        (r for r in meta.get("ownerReferences") or [] if r.get("controller") and r.get("kind") == "RLJob"), None
+    )
+    rljob = api.get_rljob(meta["namespace"], owner["name"]) if owner else None
+    if owner is None or rljob is None or rljob["metadata"]["uid"] != owner["uid"]:
+        return
+    name, namespace = rljob["metadata"]["name"], meta["namespace"]
+    spec = RLJobSpec.model_validate(rljob["spec"])
+    deployments = {role: api.get_deployment(namespace, sandbox_name(name, role)) for role, _ in sandbox.pools(spec)}
+
+    def compute(old: dict[str, Any], _rayjob: dict[str, Any] | None) -> tuple[dict[str, Any], list[Event]]:
+        return sandbox.pools_status(old, name, spec, deployments, timestamp()), []
+
+    write_status(api, namespace, name, compute, uid=owner["uid"], rljob=rljob, rayjob=None)
 
 
 def ensure_claim(api: Api, desired: dict[str, Any] | None) -> None:
@@ -486,6 +570,7 @@ def ensure(api: Api, body: kopf.Body | dict[str, Any], logger: kopf.Logger = log
     )
     try:
         ensure_networkpolicy(api, networkpolicy, uid)
+        ensure_sandboxes(api, body, mark_invalid_update if live else refuse)
         ensure_claim(api, claim)
         ensure_configmap(api, configmap, uid, update=api.get_rayjob(namespace, name) is None)
         existing, created = ensure_rayjob(api, rayjob, uid)
@@ -530,6 +615,7 @@ def apply_update(
     configmap, desired, _, claim = desired_children(api, body, mark_invalid_update, mark_invalid_update)
     suspend_changed = suspend_of(old_spec) != suspend_of(new_spec)
     try:
+        ensure_sandboxes(api, body, mark_invalid_update)
         ensure_claim(api, claim)
         ensure_configmap(api, configmap, uid, update=spec_follows(api.get_rayjob(namespace, name)))
         for attempt in range(4):

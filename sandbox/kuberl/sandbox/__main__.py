@@ -13,7 +13,7 @@ from kuberl.sandbox.executor import Executor
 from kuberl.sandbox.settings import limits_of
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kuberl.sandbox", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve executions over HTTP")
@@ -29,7 +29,11 @@ def main(argv: list[str] | None = None) -> int:
             help="auto: namespaces where the machine allows them, else process isolation behind an enforced "
             "NetworkPolicy; either is verified at start, and the server refuses to start without one",
         )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     limits = limits_of(SandboxExecution.model_validate_json(getattr(args, "limits", "{}")))
     try:
