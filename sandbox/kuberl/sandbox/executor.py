@@ -11,12 +11,15 @@ import contextlib
 import json
 import os
 import queue
+import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from kuberl.sandbox.jail import PACKAGE_ROOT, Confinement, Mode, children_of
@@ -26,8 +29,9 @@ UID_BASE = 1_990_000_000
 """Slot i of a root server runs its programs as uid UID_BASE + i: far above the uids distributions and images
 allocate, so no other process shares the count RLIMIT_NPROC keeps per uid."""
 
-BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from kuberl.sandbox.jail import main; main()"
-"""The jail's interpreter runs with -I -S (no environment, no site-packages): this puts kuberl.sandbox in reach."""
+BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from kuberl.sandbox.jail import fork_server; fork_server(int(sys.argv[2]))"
+"""The fork server's interpreter runs with -I -S (no environment, no site-packages): this puts kuberl.sandbox in
+reach and starts serving."""
 
 SETUP_SECONDS = 10.0
 """Beyond the runs' wall-clock limits, what an execution may take before the executor kills its jail: the
@@ -46,6 +50,52 @@ def jail_binds() -> tuple[str, ...]:
     return tuple(binds)
 
 
+class ForkServer:
+    """The jails' parent: one interpreter with the jail's modules imported, forking a jail per execution (a fork
+    costs a millisecond, an interpreter start with these imports tens). Restarted when it dies (without
+    namespaces a program shares its uid and may kill it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.process, self._channel = self._start()
+
+    @staticmethod
+    def _start() -> tuple[subprocess.Popen[bytes], socket.socket]:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        process = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", BOOT, PACKAGE_ROOT, str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={},
+        )
+        theirs.close()
+        return process, ours
+
+    def fork(self, request_fd: int, result_fd: int) -> int:
+        """A new jail reading its request from `request_fd` and writing its result to `result_fd`; its pid."""
+        with self._lock:
+            for _ in range(2):
+                try:
+                    socket.send_fds(self._channel, [b"jail"], [request_fd, result_fd])
+                    reply = self._channel.recv(4)
+                    if len(reply) == 4:
+                        return int.from_bytes(reply, "little")
+                except OSError:
+                    pass
+                self.close()
+                self.process, self._channel = self._start()
+        raise RuntimeError("the sandbox's fork server died twice in a row")
+
+    def close(self) -> None:
+        self._channel.close()  # it exits when its end of the channel closes
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
 class Executor:
     """Runs executions under `mode` and `limits`, at most `concurrency` at once (more wait for a slot)."""
 
@@ -61,7 +111,7 @@ class Executor:
             (self.root / f"slot-{slot}").mkdir(mode=0o755)
             self._slots.put(slot)
         self._lock = threading.Lock()
-        self._jails: set[int] = set()
+        self.forks = ForkServer()
 
     def execute(self, execution: Execution) -> ExecutionResult:
         if execution.language not in LANGUAGES:
@@ -75,14 +125,14 @@ class Executor:
             self._slots.put(slot)
 
     def kill_strays(self) -> int:
-        """Kill and reap this process's children that are not running jails; how many there were.
+        """Kill and reap this process's children but the fork server; how many there were.
 
         Without namespaces a program shares the server's uid and may kill its jail; the jail's other descendants
         are then re-parented to the nearest subreaper: the server, which is pid 1 of its pod (or made itself a
         subreaper). The server calls this now and then; `kuberl run`'s executor has namespaces and never needs it.
         """
-        with self._lock:  # a jail is started and registered under the same lock: never mistaken for a stray
-            strays = [pid for pid in children_of(os.getpid()) if pid not in self._jails]
+        with self._lock:  # the fork server is (re)started under the same lock: never mistaken for a stray
+            strays = [pid for pid in children_of(os.getpid()) if pid != self.forks.process.pid]
             for pid in strays:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -92,6 +142,7 @@ class Executor:
         return len(strays)
 
     def close(self) -> None:
+        self.forks.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
     def confinement(self, slot: int) -> Confinement:
@@ -110,28 +161,52 @@ class Executor:
             "execution": execution.to_wire(),
         }
         backstop = SETUP_SECONDS + len(execution.runs) * (self.limits.wall_seconds + 1)
-        with self._lock:
-            process = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", BOOT, PACKAGE_ROOT],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                env={},
-            )
-            self._jails.add(process.pid)
+        request_r, request_w = os.pipe()
+        result_r, result_w = os.pipe()
         try:
-            try:
-                out, err = process.communicate(json.dumps(request).encode(), timeout=backstop)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)  # the jail and its supervisor: the namespace dies with them
-                process.communicate()
-                return ExecutionResult.failed(execution, f"the jail did not finish within {backstop:.0f} s; killed")
-        finally:
             with self._lock:
-                self._jails.discard(process.pid)
+                jail = self.forks.fork(request_r, result_w)
+        finally:
+            os.close(request_r)
+            os.close(result_w)
+        writer = threading.Thread(target=_write_and_close, args=(request_w, json.dumps(request).encode()))
+        writer.start()
+        out, finished = _read_until(result_r, time.monotonic() + backstop)
+        if not finished:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(jail, signal.SIGKILL)  # the jail and its supervisor: the namespace dies with them
+        writer.join()
+        if not finished:
+            return ExecutionResult.failed(execution, f"the jail did not finish within {backstop:.0f} s; killed")
         try:
             return ExecutionResult.from_wire(json.loads(out))
         except (ValueError, KeyError, TypeError):
-            reason = err.decode(errors="replace").strip()[-2000:] or f"exit status {process.returncode}"
-            return ExecutionResult.failed(execution, f"the jail ended without a result: {reason}")
+            return ExecutionResult.failed(execution, "the jail ended without a result (killed, or it crashed)")
+
+
+def _write_and_close(fd: int, data: bytes) -> None:
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BrokenPipeError:
+        pass  # the jail died before reading it all; its missing result says so
+    finally:
+        os.close(fd)
+
+
+def _read_until(fd: int, deadline: float) -> tuple[bytes, bool]:
+    """Everything written to `fd` until every writer closed it (True), or until `deadline` (False)."""
+    chunks: list[bytes] = []
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        try:
+            while (remaining := deadline - time.monotonic()) > 0:
+                if selector.select(remaining):
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        return b"".join(chunks), True
+                    chunks.append(chunk)
+            return b"".join(chunks), False
+        finally:
+            os.close(fd)
