@@ -33,6 +33,31 @@ def namespace_mode() -> Mode:
 
 Jail = Callable[..., Executor]
 
+FORK_BOMB = (
+    "import os, time\n"
+    "refused = 0\n"
+    "while refused < 1000:\n"
+    "    try:\n"
+    "        os.fork()\n"
+    "    except OSError:\n"
+    "        refused += 1\n"
+    "print('fork refused', flush=True)\n"
+    "time.sleep(30)\n"
+)
+"""Forks until the process limit refuses it a thousand times, then holds on to every process it got."""
+
+
+def attempt_each(action: str) -> str:
+    """A program that tries `action` (Python on `target`) for each word of its stdin and prints each refusal."""
+    return (
+        "import socket, sys\n"
+        "for target in sys.stdin.read().split():\n"
+        "    try:\n"
+        f"        {action}\n"
+        "    except OSError as exc:\n"
+        "        print(type(exc).__name__, target)\n"
+    )
+
 
 @pytest.fixture
 def jail(namespace_mode: Mode) -> Iterator[Jail]:

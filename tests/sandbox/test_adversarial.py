@@ -10,10 +10,12 @@ from kuberl.sandbox.executor import UID_BASE
 from kuberl.sandbox.jail import Mode
 from kuberl.sandbox.protocol import Execution, Outcome, Run
 from tests.sandbox.conftest import (
+    FORK_BOMB,
     SMALL,
     Jail,
     Planted,
     assert_still_serves,
+    attempt_each,
     connections_received,
     processes_of,
     run,
@@ -41,18 +43,7 @@ def test_sleeping_past_the_wall_clock_is_killed_at_the_limit(jail: Jail) -> None
 
 def test_a_fork_bomb_is_held_to_the_process_limit_and_leaves_nothing_behind(jail: Jail, namespace_mode: Mode) -> None:
     executor = jail(wall_seconds=2, processes=8)
-    bomb = (
-        "import os\n"
-        "refused = 0\n"
-        "while True:\n"
-        "    try:\n"
-        "        os.fork()\n"
-        "    except OSError:\n"
-        "        refused += 1\n"
-        "        if refused == 1000 and os.getpid() == 2:\n"
-        "            print('fork refused', flush=True)\n"
-    )
-    result = run(executor, bomb)
+    result = run(executor, FORK_BOMB)
     assert result.outcome is Outcome.WALL_TIMEOUT
     assert "fork refused" in result.stdout
     if namespace_mode is Mode.ROOT:
@@ -80,14 +71,7 @@ def test_huge_output_is_cut_at_the_cap_and_the_program_killed(jail: Jail) -> Non
 
 def test_the_token_and_the_checkpoints_cannot_be_read(jail: Jail, planted: Planted) -> None:
     executor = jail()
-    reader = (
-        "import sys\n"
-        "for path in sys.stdin.read().split():\n"
-        "    try:\n"
-        "        print(open(path).read())\n"
-        "    except OSError as exc:\n"
-        "        print(type(exc).__name__, path)\n"
-    )
+    reader = attempt_each("print(open(target).read())")
     paths = [planted.token, planted.checkpoint, "/var/run/secrets/kubernetes.io/serviceaccount/token"]
     result = run(executor, reader, stdin=" ".join(map(str, paths)))
     assert result.outcome is Outcome.OK
@@ -99,16 +83,7 @@ def test_the_token_and_the_checkpoints_cannot_be_read(jail: Jail, planted: Plant
 def test_writing_outside_the_working_directory_changes_nothing_on_the_host(jail: Jail, planted: Planted) -> None:
     executor = jail()
     marker = f"/tmp/kuberl-sandbox-escape-{os.getpid()}"
-    writer = (
-        "import os, sys\n"
-        "for path in sys.stdin.read().split():\n"
-        "    try:\n"
-        "        with open(path, 'w') as f:\n"
-        "            f.write('escaped')\n"
-        "        print('wrote', path)\n"
-        "    except OSError as exc:\n"
-        "        print(type(exc).__name__, path)\n"
-    )
+    writer = attempt_each("open(target, 'w').write('escaped'); print('wrote', target)")
     targets = [planted.writable / "x", planted.checkpoint, marker, "../escaped", "/usr/escaped", "/escaped"]
     result = run(executor, writer, stdin=" ".join(map(str, targets)))
     assert result.outcome is Outcome.OK
@@ -122,15 +97,9 @@ def test_writing_outside_the_working_directory_changes_nothing_on_the_host(jail:
 
 def test_sockets_to_the_apiserver_and_the_ray_head_get_nowhere(jail: Jail, listeners: dict) -> None:
     executor = jail()
-    dialer = (
-        "import socket, sys\n"
-        "for target in sys.stdin.read().split():\n"
-        "    host, port = target.rsplit(':', 1)\n"
-        "    try:\n"
-        "        socket.create_connection((host, int(port)), timeout=1).close()\n"
-        "        print('connected', target)\n"
-        "    except OSError as exc:\n"
-        "        print(type(exc).__name__, target)\n"
+    dialer = attempt_each(
+        "socket.create_connection((target.rsplit(':', 1)[0], int(target.rsplit(':', 1)[1])), timeout=1).close(); "
+        "print('connected', target)"
     )
     targets = [f"{where}:{port}" for host, port, _ in listeners.values() for where in (host, "127.0.0.1")]
     result = run(executor, dialer, stdin=" ".join(targets))

@@ -16,7 +16,7 @@ import pytest
 
 from kuberl.sandbox.client import SandboxClient
 from kuberl.sandbox.protocol import TIME_LIMITS, Execution, ExecutionResult, Outcome, Run, RunResult
-from tests.sandbox.conftest import SMALL, processes_of
+from tests.sandbox.conftest import FORK_BOMB, SMALL, processes_of
 from tests.sandbox.pod import POD_UID, Pod, start_pod
 
 
@@ -97,21 +97,7 @@ def test_killing_every_process_it_may_signal_spares_the_server(pod: Pod) -> None
 
 
 def test_a_fork_bomb_stops_at_the_process_limit(pod: Pod) -> None:
-    bomb = (
-        "import os\n"
-        "refused = 0\n"
-        "while True:\n"
-        "    try:\n"
-        "        os.fork()\n"
-        "    except OSError:\n"
-        "        refused += 1\n"
-        "        if refused == 1000:\n"
-        "            print('fork refused', flush=True)\n"
-        "            break\n"
-        "import time\n"
-        "time.sleep(30)\n"
-    )
-    result = only(execute(pod.client, bomb))
+    result = only(execute(pod.client, FORK_BOMB))
     assert result.outcome is Outcome.WALL_TIMEOUT
     assert "fork refused" in result.stdout
     assert_serves(pod)
