@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -94,3 +95,25 @@ def test_health_reports_what_is_enforced(address: str) -> None:
     assert health["concurrency"] == 1
     connection.request("GET", "/readyz")
     assert connection.getresponse().status == 200
+
+
+def test_a_pod_server_whose_network_policy_stops_holding_is_no_longer_ready(
+    jail: Jail, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Process isolation relies on the pod's NetworkPolicy: the server proves it again and again, and on this
+    networked machine (no policy) the proof fails, so /readyz turns 503."""
+    monkeypatch.setattr(server, "EGRESS_RECHECK_SECONDS", 0.05)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    service = server.Service(jail(), isolation.Isolation(Mode.PROCESS, ("verified at start",)))
+    assert service.ready()
+    stop = threading.Event()
+    thread = threading.Thread(target=service.keep_verifying, args=(stop,))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while service.ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not service.ready()
+    finally:
+        stop.set()
+        thread.join()

@@ -3,8 +3,8 @@
     POST /execute   an Execution (JSON) → its ExecutionResult; 400 for a malformed one, 413 over MAX_REQUEST_BYTES,
                     503 (Retry-After) while `concurrency` executions run and as many again wait
     GET  /healthz   the isolation report, the limits, how many run and wait
-    GET  /readyz    200 while it serves: isolation was verified at start (and, relying on a NetworkPolicy, within
-                    the last EGRESS_RECHECK_SECONDS)
+    GET  /readyz    200 while it serves: isolation was verified at start (and, relying on a NetworkPolicy, again
+                    every EGRESS_RECHECK_SECONDS)
 
 A program can crash or hang only its own run: it runs in a jail the executor kills at its deadline. As pid 1 of a
 pod the server ignores every signal sent from inside its pid namespace (the kernel drops SIGKILL and SIGSTOP from
@@ -20,7 +20,6 @@ import signal
 import socket
 import socketserver
 import threading
-import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -31,7 +30,7 @@ from kuberl.sandbox.jail import Mode
 from kuberl.sandbox.protocol import Execution, ExecutionResult
 
 MAX_REQUEST_BYTES = 4 << 20  # code and every run's stdin together
-EGRESS_RECHECK_SECONDS = 60.0  # how old the proof that a NetworkPolicy blocks egress may be while ready
+EGRESS_RECHECK_SECONDS = 60.0  # how often the server proves again that a NetworkPolicy blocks egress
 STRAY_SWEEP_SECONDS = 0.5  # without namespaces: how often escaped descendants of killed jails are killed
 OUTSIDE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -47,7 +46,7 @@ class Service:
         self._admitted = threading.BoundedSemaphore(2 * executor.concurrency)  # running + waiting
         self._lock = threading.Lock()
         self.running = 0
-        self.verified_at = time.monotonic()
+        self.verified = True  # by the start-up probe
 
     def execute(self, execution: Execution) -> ExecutionResult | None:
         """The result, or None when `concurrency` executions run and as many wait already."""
@@ -63,16 +62,18 @@ class Service:
             self._admitted.release()
 
     def ready(self) -> bool:
-        if self.isolation.mode is not Mode.PROCESS:
-            return True
-        if time.monotonic() - self.verified_at > EGRESS_RECHECK_SECONDS:
+        return self.verified
+
+    def keep_verifying(self, stop: threading.Event) -> None:
+        """Without namespaces the network is cut by the pod's NetworkPolicy: prove it again now and then (a policy
+        can be deleted); the server is not ready while it does not hold."""
+        while not stop.wait(EGRESS_RECHECK_SECONDS):
             try:
                 self.isolation = isolation.decide("process")
+                self.verified = True
             except isolation.SandboxUnavailable as exc:
                 log.error("not ready: %s", exc)
-                return False
-            self.verified_at = time.monotonic()
-        return True
+                self.verified = False
 
     def health(self) -> dict[str, Any]:
         return {
@@ -169,10 +170,12 @@ def serve(address: str, executor: Executor, isolation_: isolation.Isolation) -> 
         signal.pthread_sigmask(signal.SIG_BLOCK, OUTSIDE_SIGNALS)  # before any thread starts: all inherit it
     elif isolation_.mode is Mode.PROCESS:
         linux.prctl(linux.PR_SET_CHILD_SUBREAPER, 1)  # escaped descendants come here, not to the host's init
-    server = listen(address, Service(executor, isolation_))
+    service = Service(executor, isolation_)
+    server = listen(address, service)
     stop = threading.Event()
     if isolation_.mode is Mode.PROCESS:
         threading.Thread(target=_sweep_strays, args=(executor, stop), name="strays", daemon=True).start()
+        threading.Thread(target=service.keep_verifying, args=(stop,), name="egress", daemon=True).start()
     thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     thread.start()
     log.info("serving on %s, %d at once; %s", address, executor.concurrency, isolation_.report())
