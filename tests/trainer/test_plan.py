@@ -66,9 +66,20 @@ def test_plan_reads_the_gpu_from_the_node_selector(tmp_path: Path, capsys: pytes
 def test_plan_that_does_not_fit_exits_one_with_advice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "config.json").write_text(json.dumps(QWEN2_5_0_5B))
     job = _job(tmp_path)
-    assert main(["plan", job, "--gpu", "3GiB", "--set", f"model.path={tmp_path}"]) == 1
+    assert main(["plan", job, "--gpu", "7GiB", "--set", f"model.path={tmp_path}"]) == 1
     out = capsys.readouterr().out
-    assert "does NOT fit" in out and "batch.ppoMicroBatchSizePerGPU:" in out
+    assert "does NOT fit" in out and "batch.ppoMicroBatchSizePerGPU: 2 fits" in out
+
+
+def test_plan_with_one_gpu_puts_a_separate_engine_on_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = {"trainer": {"nodes": 1, "gpusPerNode": 1}, "rollout": {"nodes": 1, "gpusPerNode": 1}}
+    job = _job(tmp_path, cluster=cluster, rollout={"placement": "separate"})
+    assert main(["plan", job, "--gpu", "H100-80GB", "--gpus", "1", "-o", "json"]) == 0
+    shared = json.loads(capsys.readouterr().out)
+    assert main(["plan", job, "--gpu", "H100-80GB", "-o", "json"]) == 0
+    pools = json.loads(capsys.readouterr().out)
+    assert (shared["layout"], pools["layout"]) == ("shared", "pools")
+    assert shared["engine_on_trainer_gpu_gib"] > 0.5 * 79 and pools["rollout_gpu_gib"] > 0.5 * 79
 
 
 def test_plan_without_a_gpu_says_how_to_name_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -318,7 +318,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         id="token-budget-fits-sequence",
         field="batch.dynamicBatchSize.maxTokenLenPerGPU",
-        rule="!DYNAMIC || self.batch.dynamicBatchSize.maxTokenLenPerGPU >= SEQ_LEN",
+        rule="!DYNAMIC || !has(self.batch.dynamicBatchSize.maxTokenLenPerGPU)"
+        " || self.batch.dynamicBatchSize.maxTokenLenPerGPU >= SEQ_LEN",
         message="batch.dynamicBatchSize.maxTokenLenPerGPU = ${self.batch.dynamicBatchSize.maxTokenLenPerGPU} is below "
         "data.maxPromptLength + maxResponseLength = ${SEQ_LEN}: one sequence would not fit a micro-batch",
         verl="R10",

@@ -385,11 +385,13 @@ class DynamicBatchSize(SpecModel):
         description="Cut micro-batches by a token budget instead of a row count (recommended: every pass runs on "
         "packed rows, so a budget gives micro-batches of even cost whatever the response lengths).",
     )
-    max_token_len_per_gpu: int = Field(
-        16384,
+    max_token_len_per_gpu: int | None = Field(
+        None,
         ge=1,
         le=4_194_304,
-        description="Token budget of one micro-batch per GPU: real prompt + response tokens of its packed rows.",
+        description="Token budget of one micro-batch per GPU: real prompt + response tokens of its packed rows. Left "
+        "out: the largest budget that the memory plan (kuberl plan) fits on the trainer's GPU, known from the pool's "
+        "nvidia.com/gpu.product node selector or from the machine kuberl run runs on; 16384 where neither tells.",
     )
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from kuberl.api import RLJobSpec
 from kuberl.api.contract import ENV_RAY_AUTH_MODE, ENV_RAY_AUTH_TOKEN
 from kuberl.trainer.data import Prompt
-from kuberl.trainer.plan import ExecutionPlan, plan_execution
+from kuberl.trainer.plan import ExecutionPlan, plan_execution, trainer_gpu
 from kuberl.trainer.rollout import Rollout
 from kuberl.trainer.rollout.layout import RolloutLayout, rollout_pool_labelled
 
@@ -104,11 +104,20 @@ class Cluster:
                     f"cluster.trainer asks for {self.ranks} GPU(s) and this machine has {int(gpus)}; "
                     "without GPUs use cluster.device cpu and rollout.engine hf"
                 )
+        gpu = trainer_gpu(spec, local=not self.address)
         self.plan = plan_execution(
             spec,
             cluster_gpus=ray.cluster_resources().get("GPU", 0.0),
             rollout_pool_labelled=rollout_pool_labelled(ray.nodes()),
+            gpu=gpu,
         )
+        budget = self.plan.actor_update.max_tokens
+        if budget is not None and spec.batch.dynamic_batch_size.max_token_len_per_gpu is None:
+            self.write(
+                f"micro-batch token budget {budget}: "
+                + (f"the largest the memory plan fits on {gpu.name}" if gpu else "the GPU is unknown, the default")
+                + " (batch.dynamicBatchSize.maxTokenLenPerGPU left out)"
+            )
         layout = self.plan.rollout
         bundle = {"CPU": 1.0, "GPU": 1.0} if spec.cluster.device == "cuda" else {"CPU": 1.0}
         selector = layout.trainer_label_selector

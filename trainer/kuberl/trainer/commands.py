@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kuberl.api.cli_options import add_format_option, add_output_file_option
-from kuberl.api.memory import GPU_PRODUCT_LABEL, MemoryPlan
+from kuberl.api.memory import GPU_PRODUCT_LABEL
 from kuberl.api.overrides import add_set_argument
 
 Handler = Callable[[argparse.Namespace], int]
@@ -41,6 +41,13 @@ def add_commands(
     )
     plan_p.add_argument("file", help="RLJob YAML (one document)")
     plan_p.add_argument("--gpu", help="GPU model (H200, H100-80GB, A100-40GB, ...) or memory size (80GiB)")
+    plan_p.add_argument(
+        "--gpus",
+        type=int,
+        help="GPUs of the machine or Ray cluster the job runs on (kuberl run: this machine's); with placement "
+        "separate, fewer than trainer + rollout ask puts the engines on the trainer's GPUs (the shared layout). "
+        "Default: a cluster with the node pools the RLJob asks for",
+    )
     add_format_option(plan_p)
     add_set_argument(plan_p)
     plan_p.set_defaults(func=make_handler("plan"))
@@ -137,9 +144,10 @@ def plan(args: argparse.Namespace) -> int:
     import json
 
     from kuberl.api import InvalidSpec, load_rljob
-    from kuberl.api.memory import gpu_named, gpu_of, plan_memory
+    from kuberl.api.memory import format_plan, gpu_named, gpu_of, plan_memory
     from kuberl.trainer.model_shape import model_shape
     from kuberl.trainer.models import ModelNotFoundError
+    from kuberl.trainer.rollout.layout import PlacementError, plan_rollout_layout
 
     try:
         name, spec = load_rljob(args.file, args.set)
@@ -156,6 +164,14 @@ def plan(args: argparse.Namespace) -> int:
         gpu = gpu_named(args.gpu) if args.gpu else gpu_of(spec)
         rollout_gpu = gpu_named(args.gpu) if args.gpu else gpu_of(spec, "rollout")
         shape = model_shape(spec.model.path)
+        layout = (
+            None
+            if args.gpus is None
+            else plan_rollout_layout(spec, cluster_gpus=args.gpus, rollout_pool_labelled=False)
+        )
+    except PlacementError as exc:
+        print(f"error: {args.file}: {exc}", file=sys.stderr)
+        return 1
     except (ModelNotFoundError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -165,41 +181,12 @@ def plan(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    result = plan_memory(spec, shape, gpu, rollout_gpu)
+    result = plan_memory(spec, shape, gpu, rollout_gpu, layout=layout.kind if layout else None)
     if args.output == "json":
         print(json.dumps({"name": name, **result.as_dict()}, indent=2))
     else:
         print(format_plan(name, result))
     return 0 if result.fits else 1
-
-
-def format_plan(name: str, plan: MemoryPlan) -> str:
-    verdict = "fits" if plan.fits else "does NOT fit"
-    lines = [
-        f"RLJob {name} on {plan.trainer_gpus} × {plan.gpu} ({plan.gpu_gib:.1f} GiB, {plan.usable_gib:.1f} usable): "
-        f"{verdict}, peak {plan.peak_gib:.1f} GiB per GPU",
-        f"  model: {plan.model_params / 1e6:,.1f} M parameters; micro-batch {plan.micro_batch}",
-        "  per GPU (GiB)       params   grads  optimizer (step)",
-    ]
-    for role in plan.roles:
-        lines.append(
-            f"  {role.name:<18}{role.params:8.2f}{role.grads:8.2f}{role.optimizer:8.2f} ({role.optimizer_step:.2f})"
-        )
-    checkpointing = "on" if plan.gradient_checkpointing else "off"
-    lines += [
-        f"  activations         {plan.activations_gib:.2f} (gradient checkpointing {checkpointing}; "
-        f"{plan.activations_with_checkpointing_gib:.2f} with, {plan.activations_without_checkpointing_gib:.2f} without)",
-        f"  gathered layers     {plan.gathered_layers_gib:.2f}",
-        f"  response logits     {plan.logits_gib:.2f}",
-        f"  vLLM                weights {plan.vllm_weights_gib:.2f}, activations {plan.vllm_activations_gib:.2f}, "
-        f"KV cache {plan.vllm_kv_cache_gib:.2f} ({plan.vllm_kv_tokens:,} tokens, {plan.vllm_sequences} sequences)",
-        f"  phase: generate     {plan.generate_phase_gib:.2f}"
-        + (" (trainer state + vLLM)" if plan.placement == "colocated" else " (rollout GPU)"),
-        f"  phase: train        {plan.train_phase_gib:.2f} (compare with perf/max_memory_allocated_gb; vLLM asleep)",
-        f"  largest micro-batch that fits: {plan.largest_micro_batch or 'none'}",
-    ]
-    lines += [f"  - {line}" for line in plan.advice]
-    return "\n".join(lines)
 
 
 def rljob_name(path: str) -> str:

@@ -12,8 +12,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kuberl.api.batching import BatchPlan, plan_batches
+from kuberl.api.memory import GIB, GPU, does_not_fit, gpu_of, plan_memory, token_budget
 from kuberl.api.spec import RLJobSpec
-from kuberl.trainer.rollout.layout import RolloutLayout, plan_rollout_layout
+from kuberl.trainer.rollout.layout import PlacementError, RolloutLayout, plan_rollout_layout
 
 
 @dataclass(frozen=True)
@@ -74,12 +75,16 @@ class ExecutionPlan:
     construction), instead of a separate forward pass over the same weights."""
 
 
-def plan_execution(spec: RLJobSpec, *, cluster_gpus: float = 0.0, rollout_pool_labelled: bool = False) -> ExecutionPlan:
+def plan_execution(
+    spec: RLJobSpec, *, cluster_gpus: float = 0.0, rollout_pool_labelled: bool = False, gpu: GPU | None = None
+) -> ExecutionPlan:
     """The plan of ``spec`` on a Ray cluster with ``cluster_gpus`` GPUs (whose rollout pool is labelled or not; see
-    :func:`~kuberl.trainer.rollout.layout.plan_rollout_layout`). Assumes ``spec`` passed validation."""
+    :func:`~kuberl.trainer.rollout.layout.plan_rollout_layout`) and trainer GPUs ``gpu`` (when known: the memory
+    plan must fit it, and chooses the token budget the spec leaves out). Assumes ``spec`` passed validation."""
     batch = plan_batches(spec)
     dynamic = spec.batch.dynamic_batch_size
-    tokens = dynamic.max_token_len_per_gpu if dynamic.enabled else None
+    layout = plan_rollout_layout(spec, cluster_gpus=cluster_gpus, rollout_pool_labelled=rollout_pool_labelled)
+    tokens = checked_token_budget(spec, layout, gpu)
     critic_size = None
     if not dynamic.enabled:
         own = spec.critic.ppo_micro_batch_size_per_gpu if spec.critic else None
@@ -106,9 +111,40 @@ def plan_execution(spec: RLJobSpec, *, cluster_gpus: float = 0.0, rollout_pool_l
         log_prob=MicroBatching(batch.log_prob_micro_batch_size_per_gpu, tokens),
         critic_update=MicroBatching(critic_size, tokens),
         critic_forward=MicroBatching(forward_size or critic_size, tokens),
-        rollout=plan_rollout_layout(spec, cluster_gpus=cluster_gpus, rollout_pool_labelled=rollout_pool_labelled),
+        rollout=layout,
         engine=engine,
         uses_reference=spec.algorithm.kl.in_reward or spec.algorithm.kl.loss.enabled,
         uses_critic=spec.algorithm.advantage_estimator == "gae",
         old_log_probs_from_update=batch.optimizer_steps_per_step == 1 and not spec.algorithm.kl.in_reward,
     )
+
+
+def checked_token_budget(spec: RLJobSpec, layout: RolloutLayout, gpu: GPU | None) -> int | None:
+    """The micro-batch token budget (None without dynamic batching), chosen from the memory plan when the spec leaves
+    it out; a job whose plan does not fit ``gpu`` is refused here, with the plan, before anything is loaded."""
+    if gpu is None or spec.cluster.device != "cuda":
+        return token_budget(spec, None, None, None)
+    from kuberl.trainer.model_shape import model_shape
+
+    plan = plan_memory(spec, model_shape(spec.model.path), gpu, layout=layout.kind)
+    if not plan.fits:
+        raise PlacementError(does_not_fit("", plan))
+    return plan.token_budget
+
+
+def trainer_gpu(spec: RLJobSpec, *, local: bool) -> GPU | None:
+    """The trainer's GPU: the one the pool's node selector names, else (``local``: the Ray cluster is this machine,
+    as with ``kuberl run``) this machine's first GPU as NVML reports it; None when neither tells."""
+    named = gpu_of(spec)
+    if named is not None or not local or spec.cluster.device != "cuda":
+        return named
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        name = pynvml.nvmlDeviceGetName(handle)
+        total = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+    except Exception:  # no NVML here: the budget falls back to its old default
+        return None
+    return GPU(name.decode() if isinstance(name, bytes) else str(name), total / GIB)

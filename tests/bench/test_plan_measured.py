@@ -1,0 +1,189 @@
+"""`kuberl plan` against every GPU memory peak committed under bench/results: the plan is never below what was
+measured and at most 10% above it; a run that died for memory was planned as not fitting.
+
+Every file in bench/results is either read here or listed in NO_MEMORY_PEAK with the reason. The rows:
+
+- the end-to-end benchmarks (grpo_vs_trl.json, grpo_vs_verl.json): each kuberl side that recorded the card's peak
+  (NVML, every process) with its RLJob; one GPU, so a separate rollout is the shared layout;
+- plan_accuracy_*.json: the two earlier NVML peaks, whose RLJobs are written out below from what the files record;
+- actor_mfu.json, actor_mfu_profiled.json: the actor update alone, PyTorch's allocated peak against the plan's
+  allocated figure for the update;
+- oom_h100_llama-1.1b.json: the runs that died on an H100, which the plan must refuse.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.shapes import LLAMA_11B, QWEN2_05B, SMOLLM2_SHAPE
+from kuberl.api.memory import ModelShape, gpu_named, plan_memory
+from kuberl.api.validation import parse_spec
+from kuberl.trainer.model_shape import config_shape
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+TOLERANCE = 0.10
+SHAPES: dict[str, ModelShape] = {
+    "smollm2": config_shape(SMOLLM2_SHAPE),
+    "smollm2-shape": config_shape(SMOLLM2_SHAPE),
+    "shape:smollm2-shape": config_shape(SMOLLM2_SHAPE),
+    "qwen2-0.5b": config_shape({**QWEN2_05B, "model_type": "qwen2"}),
+    "shape:qwen2-0.5b": config_shape({**QWEN2_05B, "model_type": "qwen2"}),
+    "shape:llama-1.1b": config_shape(LLAMA_11B),
+    "/tmp/llama-1.1b": config_shape(LLAMA_11B),  # bench/shapes.py llama-1.1b written there by hand (before shape:)
+}
+"""--model of a result → the shape the plan counts (SmolLM2-135M-Instruct has SMOLLM2_SHAPE's)."""
+NO_MEMORY_PEAK = {
+    "actor_mfu_first.json": "the trainer before the fused output head and the compiled layers (full logits of every "
+    "response token): that trainer no longer exists",
+    "agent_smollm2_vllm.metrics.jsonl": "no NVML reading (before perf/max_memory_used_gb)",
+    "gpu_packed_passes.json": "pass timings and agreement, no memory",
+    "gpu_tests.json": "test outcomes, no memory",
+    "grpo_1b_kuberl.json": "no memory recorded",
+    "grpo_1b_overlap.json": "no memory recorded",
+    "grpo_smollm2.json": "reward curves, no memory",
+    "rollout_vs_vllm.json": "generation alone, no RLJob",
+    "weight_sync.json": "the weight sync alone, no RLJob",
+}
+
+
+@dataclass(frozen=True)
+class Measured:
+    source: str
+    spec: dict[str, Any]
+    model: str
+    card: str
+    gib: float
+    what: str
+    """device: NVML's peak of the card; allocated: PyTorch's peak of the actor update."""
+
+
+def bench_spec(micro_batch: int, *, separate: bool, utilization: float = 0.3) -> dict[str, Any]:
+    """grpo_vs_trl.py's RLJob of 2026-12-04 (32 prompts × 8, ≤ 256 + 256 tokens, 32 responses per micro-batch)."""
+    spec: dict[str, Any] = {
+        "model": {"path": "/model", "gradientCheckpointing": False},
+        "algorithm": {"advantageEstimator": "grpo"},
+        "data": {"trainFiles": ["/train.parquet"], "maxPromptLength": 256, "maxResponseLength": 256},
+        "batch": {"trainBatchSize": 32, "rolloutN": 8, "ppoMiniBatchSize": 32, "ppoMicroBatchSizePerGPU": micro_batch},
+        "rollout": {"gpuMemoryUtilization": utilization, "calculateLogProbs": True},
+        "cluster": {"trainer": {"nodes": 1, "gpusPerNode": 1}},
+    }
+    if separate:
+        spec["rollout"].update(placement="separate", overlap="oneStepOffPolicy")
+        spec["algorithm"]["rolloutCorrection"] = {"enabled": True}
+        spec["cluster"]["rollout"] = {"nodes": 1, "gpusPerNode": 1}
+    return spec
+
+
+def update_spec(run: dict[str, Any]) -> dict[str, Any]:
+    """bench/actor_mfu.py's update: one optimizer step over 64 rows of 256 + 256 tokens in micro-batches."""
+    return {
+        "model": {
+            "path": "/model",
+            "gradientCheckpointing": run["gradient_checkpointing"],
+            "compile": run.get("compile", False),
+        },
+        "algorithm": {"advantageEstimator": "grpo"},
+        "data": {"trainFiles": ["/train.parquet"], "maxPromptLength": 256, "maxResponseLength": 256},
+        "actor": {"fsdp": {"reshardAfterForward": run.get("reshard_after_forward", True)}},
+        "batch": {
+            "trainBatchSize": 32,
+            "rolloutN": 2,
+            "ppoMiniBatchSize": 32,
+            "ppoMicroBatchSizePerGPU": run["micro_batch"],
+        },
+        "cluster": {"trainer": {"nodes": 1, "gpusPerNode": 1}},
+    }
+
+
+def _load(name: str) -> dict[str, Any]:
+    return dict(json.loads((RESULTS / name).read_text()))
+
+
+def measured_rows() -> list[Measured]:
+    rows = [
+        Measured(
+            "plan_accuracy_smollm2.json",
+            bench_spec(32, separate=False),
+            "smollm2",
+            "H200",
+            _load("plan_accuracy_smollm2.json")["measured"]["device_used_gib"],
+            "device",
+        ),
+        Measured(
+            "plan_accuracy_llama-1.1b.json",
+            bench_spec(32, separate=True),
+            "shape:llama-1.1b",
+            "H200",
+            _load("plan_accuracy_llama-1.1b.json")["measured"]["device_used_gib"],
+            "device",
+        ),
+    ]
+    for name in ("actor_mfu.json", "actor_mfu_profiled.json"):
+        doc = _load(name)
+        rows += [
+            Measured(name, update_spec(run), run["model"], doc["device"], run["peak_mem_gib"], "allocated")
+            for run in doc["runs"]
+            if run.get("peak_mem_gib") is not None
+        ]
+    for path in sorted(RESULTS.glob("grpo_vs_*.json")):
+        doc = _load(path.name)
+        for side, result in doc.items():
+            peak = (result.get("nvml") or {}).get("device_peak_gib") if isinstance(result, dict) else None
+            if side.startswith("kuberl") and peak is not None and "error" not in result:
+                rows.append(
+                    Measured(f"{path.name}:{side}", result["spec"], doc["model"], doc["device"], peak, "device")
+                )
+    return rows
+
+
+def _plan(row: Measured) -> Any:
+    spec = parse_spec(row.spec)
+    layout = "shared" if spec.rollout.placement == "separate" else None  # one GPU for trainer and engine
+    return plan_memory(spec, SHAPES[row.model], gpu_named(row.card), layout=layout)
+
+
+@pytest.mark.parametrize("row", measured_rows(), ids=lambda r: f"{r.source}:{r.model}:{r.gib}")
+def test_the_plan_is_within_ten_percent_above_the_measured_peak(row: Measured) -> None:
+    plan = _plan(row)
+    planned = plan.peak_gib if row.what == "device" else plan.train_allocated_gib
+    ratio = planned / row.gib
+    assert 1.0 <= ratio <= 1 + TOLERANCE, (
+        f"plan {planned:.2f} GiB, measured {row.gib:.2f} GiB ({row.what}): {ratio:.3f}"
+    )
+    assert row.what != "device" or plan.fits, "the run fitted, the plan must say so"
+
+
+@pytest.mark.parametrize("utilization", [0.2, 0.3])
+@pytest.mark.parametrize("separate", [False, True], ids=["colocated", "one-step-off"])
+def test_the_runs_that_died_on_an_h100_are_refused(utilization: float, separate: bool) -> None:
+    oom = _load("oom_h100_llama-1.1b.json")
+    spec = bench_spec(32, separate=separate, utilization=utilization)
+    del spec["batch"]["ppoMicroBatchSizePerGPU"]
+    spec["batch"]["dynamicBatchSize"] = {"enabled": True, "maxTokenLenPerGPU": 32768}
+    row = Measured("oom_h100_llama-1.1b.json", spec, oom["model"], oom["device"], 0.0, "device")
+    plan = _plan(row)
+    assert not plan.fits
+    died_at = sum(oom["runs"][1]["process_gib_at_death"].values())
+    assert plan.peak_gib > died_at and plan.peak_gib > plan.gpu_gib
+
+
+@pytest.mark.parametrize("separate", [False, True], ids=["colocated", "one-step-off"])
+def test_the_same_runs_fit_an_h100_with_the_budget_left_out(separate: bool) -> None:
+    spec = bench_spec(32, separate=separate)
+    del spec["batch"]["ppoMicroBatchSizePerGPU"]
+    spec["batch"]["dynamicBatchSize"] = {"enabled": True}
+    plan = _plan(Measured("", spec, "shape:llama-1.1b", "H100-80GB", 0.0, "device"))
+    assert plan.fits and plan.token_budget_chosen and plan.token_budget is not None
+    assert plan.token_budget >= 512 and plan.peak_gib <= 0.9 * plan.gpu_gib
+
+
+def test_every_result_file_is_checked_or_says_why_not() -> None:
+    read = {r.source.split(":")[0] for r in measured_rows()} | {"oom_h100_llama-1.1b.json"}
+    read |= {p.name for p in RESULTS.glob("grpo_vs_*.json")}
+    unclassified = sorted(p.name for p in RESULTS.iterdir() if p.name not in read and p.name not in NO_MEMORY_PEAK)
+    assert not unclassified, f"classify these in {__file__}: {unclassified}"
