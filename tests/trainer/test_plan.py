@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kuberl.api import RLJobSpec
 from kuberl.api.memory import GPU_PRODUCT_LABEL
 from kuberl.cli import main
 from kuberl.trainer.model_shape import config_shape, model_shape
@@ -90,3 +91,36 @@ def test_plan_without_a_gpu_says_how_to_name_one(tmp_path: Path, capsys: pytest.
 def test_plan_of_an_unknown_model_is_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", _job(tmp_path), "--gpu", "H200", "--set", "model.path=/nowhere"]) == 2
     assert "'/nowhere': no model config found" in capsys.readouterr().err
+
+
+def _dynamic(tmp_path: Path, **dynamic: object) -> RLJobSpec:
+    from kuberl.api.validation import parse_spec
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN2_5_0_5B))
+    spec = copy.deepcopy(BASE["spec"])
+    spec["model"] = {"path": str(tmp_path), "gradientCheckpointing": False}
+    spec["cluster"] = {"trainer": {"nodes": 1, "gpusPerNode": 1}, "device": "cuda"}
+    spec["batch"] = {"trainBatchSize": 64, "rolloutN": 4, "ppoMiniBatchSize": 64, "dynamicBatchSize": dynamic}
+    return parse_spec(spec)
+
+
+def test_the_run_takes_the_token_budget_its_plan_chooses_for_the_gpu(tmp_path: Path) -> None:
+    from kuberl.api.memory import gpu_named, plan_memory
+    from kuberl.trainer.plan import plan_execution
+
+    spec = _dynamic(tmp_path, enabled=True)
+    chosen = plan_memory(spec, config_shape(QWEN2_5_0_5B), gpu_named("H100-80GB")).token_budget
+    plan = plan_execution(spec, cluster_gpus=1, gpu=gpu_named("H100-80GB"))
+    assert chosen is not None and plan.actor_update.max_tokens == plan.log_prob.max_tokens == chosen
+    assert plan_execution(spec).actor_update.max_tokens == 16384  # no GPU known
+
+
+def test_a_run_whose_plan_does_not_fit_its_gpu_is_refused_with_the_plan(tmp_path: Path) -> None:
+    from kuberl.api.memory import gpu_named
+    from kuberl.trainer.plan import plan_execution
+    from kuberl.trainer.rollout.layout import PlacementError
+
+    spec = _dynamic(tmp_path, enabled=True, maxTokenLenPerGPU=262144)
+    with pytest.raises(PlacementError, match=r"does not fit one H100-80GB .*maxTokenLenPerGPU: \d+ fits") as refused:
+        plan_execution(spec, cluster_gpus=1, gpu=gpu_named("H100-80GB"))
+    assert "phase: train" in str(refused.value)
