@@ -1,0 +1,560 @@
+"""What the end-to-end GRPO benchmarks share (``grpo_vs_trl.py``, ``grpo_vs_verl.py``): the job's settings, the data,
+the kuberl side, running a side in its own process while NVML samples the card, and the tokens/s summary.
+
+Every side of every benchmark runs the same job: ``--steps`` steps of ``--prompts`` GSM8K-style prompts × ``--group``
+samples, responses ≤ ``--max-response`` tokens, temperature 1, no KL term, constant ``--lr``, no weight decay, no
+gradient checkpointing, one optimizer step per step, bf16 compute over fp32 weights on a GPU, vLLM at
+``--gpu-memory-utilization`` of the card with CUDA graphs. tokens/s of a side = prompt + response tokens (eos
+included, padding excluded) of every sample, summed over steps 2…N, ÷ their summed step seconds (step 1 warms up;
+a side that generates ahead also leaves out step N, which generates nothing ahead).
+
+While a side runs, a thread reads the card's memory in use from NVML every ``NVML_INTERVAL_S`` (the whole device,
+every process: trainer, engines, Ray), the figure ``kuberl plan`` is checked against
+(``tests/api/test_memory_measured.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+SHAPE_PREFIX = "shape:"
+ERROR_TAIL_LINES = 40
+GIB = 2**30
+NVML_INTERVAL_S = 0.1
+CHECKPOINTS = "runs/grpo-bench/checkpoints"  # relative: under the repository (the kuberl side's working directory)
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+# --- the job -----------------------------------------------------------------------------------------------------
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """The settings every side shares."""
+    parser.add_argument(
+        "--model",
+        default="smollm2",
+        help=f"model.path (smollm2, a HF folder, a .gguf, tiny://…) or {SHAPE_PREFIX}NAME: a random-weight model of "
+        "bench/shapes.py's shape NAME (e.g. llama-1.1b) with SmolLM2's tokenizer, built under --work-dir",
+    )
+    parser.add_argument("--steps", type=int, default=5, help="training steps per side; step 1 is not measured")
+    parser.add_argument("--prompts", type=int, default=32, help="prompts per step (trainBatchSize)")
+    parser.add_argument("--group", type=int, default=8, help="samples per prompt (rolloutN)")
+    parser.add_argument("--max-prompt", type=int, default=256)
+    parser.add_argument("--max-response", type=int, default=256)
+    parser.add_argument(
+        "--max-tokens",
+        default="auto",
+        help="kuberl's packed tokens per forward/backward pass (batch.dynamicBatchSize.maxTokenLenPerGPU): a number, "
+        "auto (kuberl chooses from its memory plan of the card), or 0 for --micro-batch responses per pass",
+    )
+    parser.add_argument("--micro-batch", type=int, default=32, help="responses per pass where a side takes a count")
+    parser.add_argument("--lr", type=float, default=5e-6)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="vLLM's share of the card")
+    parser.add_argument(
+        "--overlap",
+        choices=["off", "on", "both"],
+        default="off",
+        help="synchronous rows (off), the overlapped rows (on: generation beside training), or both",
+    )
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per side before it is killed")
+    parser.add_argument("--work-dir", help="specs, data, logs (default: a new temporary folder)")
+
+
+def token_budget(value: str) -> int | str | None:
+    """``--max-tokens``: a number of tokens, ``auto``, or None (``0``: a row count instead)."""
+    if value == "auto":
+        return "auto"
+    tokens = int(value)
+    return tokens or None
+
+
+def check_steps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.steps < (3 if args.overlap != "off" else 2):
+        parser.error(
+            "--steps must be at least 2 (3 with --overlap): step 1 is warm-up, an overlapped run's last step "
+            "generates nothing ahead; neither is measured"
+        )
+    total = args.prompts * args.group
+    args.micro_batch = min(args.micro_batch, total)
+    if total % args.micro_batch:
+        parser.error(f"--micro-batch {args.micro_batch} must divide prompts × group = {total}")
+
+
+def job_settings(args: argparse.Namespace, gpu: bool, data: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "steps": args.steps,
+        "prompts": args.prompts,
+        "group": args.group,
+        "responses_per_step": args.prompts * args.group,
+        "micro_batch": args.micro_batch,
+        "kuberl_max_tokens": token_budget(args.max_tokens),
+        "max_prompt": args.max_prompt,
+        "max_response": args.max_response,
+        "lr": args.lr,
+        "seed": args.seed,
+        "temperature": 1.0,
+        "kl": "off",
+        "dtype": "bf16 over fp32" if gpu else "fp32",
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "data": data,
+    }
+
+
+TOKENS = "prompt + response tokens (eos included, padding excluded) of every response, per step"
+TOKENS_PER_S = (
+    "sum of tokens ÷ sum of step seconds over steps 2…N (step 1 is warm-up); 2…N−1 for a side that generates "
+    "ahead (its step N generates nothing ahead)"
+)
+
+
+def versions(packages: tuple[str, ...]) -> dict[str, str | None]:
+    found: dict[str, str | None] = {}
+    for name in packages:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+# --- data and model ----------------------------------------------------------------------------------------------
+
+
+def shape_folder(model: str, work: Path) -> str:
+    """The HF folder of ``shape:NAME`` under ``work``, written once (seeded random weights: same model every time);
+    written beside it and renamed, so a run killed half-way leaves no folder that looks complete."""
+    from bench.shapes import RANDOM, save_random
+
+    name = model.removeprefix(SHAPE_PREFIX)
+    if name not in RANDOM:
+        raise SystemExit(f"--model {model}: no shape {name!r} in bench/shapes.py; known: {', '.join(sorted(RANDOM))}")
+    folder = work / f"model-{name}"
+    if not folder.exists():
+        partial = work / f".model-{name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        save_random(name, str(partial), tokenizer="smollm2")
+        partial.rename(folder)
+    return str(folder)
+
+
+def model_folder_of(model: str, work: Path) -> str:
+    from kuberl.trainer.rollout.vllm import model_folder
+
+    return shape_folder(model, work) if model.startswith(SHAPE_PREFIX) else model_folder(model)
+
+
+def write_data(folder: str, path: Path, rows_wanted: int, max_prompt: int, seed: int) -> dict[str, Any]:
+    """gsm8k_synth rows whose chat-templated prompt fits ``max_prompt`` tokens (every side reads the same rows)."""
+    from kuberl.trainer.datagen import gsm8k_synth, write_rows
+    from kuberl.trainer.models import load_tokenizer
+
+    tokenizer = load_tokenizer(folder)
+    rows, lengths = [], []
+    pool = 10 * rows_wanted
+    for row in gsm8k_synth(pool, seed=seed, split="train"):
+        ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False)
+        if len(ids) <= max_prompt:
+            rows.append(row)
+            lengths.append(len(ids))
+        if len(rows) == rows_wanted:
+            break
+    if len(rows) < rows_wanted:
+        raise ValueError(
+            f"only {len(rows)} of {pool} generated prompts fit --max-prompt {max_prompt} tokens; raise --max-prompt"
+        )
+    write_rows(rows, str(path))
+    return {
+        "file": str(path),
+        "rows": len(rows),
+        "prompt_tokens_mean": round(sum(lengths) / len(lengths), 1),
+        "prompt_tokens_max": max(lengths),
+    }
+
+
+# --- running a side ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DeviceMemory:
+    """The card's memory in use (NVML, every process) while a side runs: the largest reading and the one before."""
+
+    index: int = 0
+    interval_s: float = NVML_INTERVAL_S
+    before_bytes: int | None = None
+    peak_bytes: int | None = None
+    samples: int = 0
+    process_peaks: dict[int, int] = field(default_factory=dict)
+    """pid → largest memory NVML attributed to it (where the driver reports processes)."""
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> DeviceMemory:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
+        except Exception:  # no NVML (CPU machine): nothing to record
+            return self
+        self.before_bytes = int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+        self._thread = threading.Thread(target=self._sample, args=(pynvml, handle), daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self, pynvml: Any, handle: Any) -> None:
+        while not self._stop.is_set():
+            self.record(int(pynvml.nvmlDeviceGetMemoryInfo(handle).used), _processes(pynvml, handle))
+            self._stop.wait(self.interval_s)
+
+    def record(self, used: int, processes: dict[int, int]) -> None:
+        self.samples += 1
+        self.peak_bytes = max(self.peak_bytes or 0, used)
+        for pid, used_by_pid in processes.items():
+            self.process_peaks[pid] = max(self.process_peaks.get(pid, 0), used_by_pid)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.peak_bytes is None:
+            return {"available": False}
+        return {
+            "available": True,
+            "device_peak_gib": round(self.peak_bytes / GIB, 3),
+            "device_before_gib": round((self.before_bytes or 0) / GIB, 3),
+            "samples": self.samples,
+            "interval_s": self.interval_s,
+            "process_peaks_gib": {
+                str(pid): round(used / GIB, 3) for pid, used in sorted(self.process_peaks.items(), key=lambda x: -x[1])
+            },
+        }
+
+
+def _processes(pynvml: Any, handle: Any) -> dict[int, int]:
+    try:
+        return {p.pid: int(p.usedGpuMemory or 0) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+    except Exception:  # not reported inside some VMs
+        return {}
+
+
+def gpu_name() -> str | None:
+    if not shutil.which("nvidia-smi"):
+        return None
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], check=False, capture_output=True, text=True
+    )
+    return out.stdout.splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def wait_for_gpu_memory(limit_mib: int = 2048, timeout_s: float = 60.0) -> float | None:
+    """Wait until the GPU holds less than ``limit_mib`` (the previous side's processes are gone); MiB used then."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
+        used = float(out.stdout.split()[0]) if out.returncode == 0 and out.stdout.strip() else 0.0
+        if used < limit_mib or time.monotonic() > deadline:
+            return used
+        time.sleep(1.0)
+
+
+def tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def run_side(
+    cmd: list[str], log_dir: Path, name: str, env: dict[str, str], timeout_s: float, cwd: Path = ROOT
+) -> dict[str, Any]:
+    """Run one side in its own process group, stdout and stderr to ``log_dir/NAME.{out,err}``, with the card's
+    memory sampled meanwhile (``nvml``)."""
+    out_path, err_path = log_dir / f"{name}.out", log_dir / f"{name}.err"
+    wait_for_gpu_memory()
+    start = time.perf_counter()
+    with out_path.open("w") as out, err_path.open("w") as err, DeviceMemory() as memory:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=cwd, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            code = None
+    info: dict[str, Any] = {
+        "command": " ".join(cmd),
+        "exit_code": code,
+        "wall_s": round(time.perf_counter() - start, 1),
+        "stdout_log": str(out_path),
+        "stderr_log": str(err_path),
+        "nvml": memory.as_dict(),
+    }
+    if code != 0:
+        why = f"timed out after {timeout_s:.0f} s" if code is None else f"exit code {code}"
+        info["error"] = f"{name} {why}; tail of stderr:\n{tail(err_path) or tail(out_path)}"
+    return info
+
+
+# --- the summary -------------------------------------------------------------------------------------------------
+
+
+def summarise(steps: list[dict[str, Any]], *, generates_ahead: bool = False) -> dict[str, Any]:
+    """Per-step tokens and seconds → tokens/s over steps 2…N (sum ÷ sum) and the mean of those steps' rates.
+
+    ``generates_ahead``: steps 2…N−1 only. The last step of an overlapped run generates no next batch, so it is
+    shorter than a steady-state step and would flatter the rate."""
+    measured_steps = steps[1:-1] if generates_ahead else steps[1:]
+    if not measured_steps:
+        raise ValueError(
+            f"need at least {3 if generates_ahead else 2} steps: step 1 is warm-up"
+            + (" and the last generates nothing ahead" if generates_ahead else "")
+        )
+    tokens = sum(s["tokens"] for s in measured_steps)
+    seconds = sum(s["seconds"] for s in measured_steps)
+    return {
+        "tokens_per_s": round(tokens / seconds, 1),
+        "tokens_per_s_mean_of_steps": round(sum(s["tokens_per_s"] for s in measured_steps) / len(measured_steps), 1),
+        "measured_steps": [s["step"] for s in measured_steps],
+        "measured_tokens": tokens,
+        "measured_seconds": round(seconds, 3),
+        "phases_s": mean_phases(measured_steps),
+    }
+
+
+def mean_phases(steps: list[dict[str, Any]]) -> dict[str, float]:
+    """The measured steps' mean seconds by phase."""
+    phases = steps[0].get("breakdown_s", {})
+    return {p: round(sum(s["breakdown_s"][p] for s in steps) / len(steps), 3) for p in phases}
+
+
+def measured(result: dict[str, Any], steps: int, *, generates_ahead: bool = False) -> dict[str, Any]:
+    """Add the summary when every step was recorded, even if the process failed afterwards (e.g. at teardown)."""
+    if len(result["steps"]) == steps:
+        result.update(summarise(result["steps"], generates_ahead=generates_ahead))
+    elif "error" not in result:
+        result["error"] = f"{len(result['steps'])} of {steps} steps recorded"
+    return result
+
+
+PHASES = ("generation", "reward", "log_probs", "update", "sync", "idle", "other")
+"""A step's seconds by phase, the same names for every system. Synchronous, generation and reward are part of the
+step; a side that generates ahead holds ``idle`` instead (the trainer's wait for a generation that outlasted its
+passes). ``other`` is the rest of the step (batching, metrics, the driver)."""
+
+
+def phase_breakdown(metrics: dict[str, Any], keys: dict[str, tuple[str, ...]], step_key: str) -> dict[str, float]:
+    """``metrics``' seconds by :data:`PHASES`, ``keys`` naming the system's timing metrics of each phase but
+    ``other``, which is what the step's ``step_key`` holds beyond them."""
+    phases = {phase: round(sum(float(metrics.get(k, 0.0)) for k in keys.get(phase, ())), 3) for phase in PHASES}
+    phases["other"] = round(max(0.0, float(metrics[step_key]) - sum(phases.values())), 3)
+    return phases
+
+
+# --- the kuberl side ---------------------------------------------------------------------------------------------
+
+KUBERL_PHASES: dict[str, tuple[str, ...]] = {
+    "generation": ("timing_s/gen",),
+    "reward": ("timing_s/reward",),
+    "log_probs": ("timing_s/old_log_prob", "timing_s/ref", "timing_s/values"),
+    "update": ("timing_s/update_actor", "timing_s/update_critic", "timing_s/adv"),
+    "sync": ("timing_s/update_weights",),
+    "idle": ("timing_s/gen_wait",),
+}
+"""kuberl's timing metrics by phase. One step off policy, ``timing_s/gen`` and ``timing_s/reward`` ran during the
+previous step (``timing_s/overlap``) and are not part of the step: they are left out there."""
+
+
+def kuberl_spec(args: argparse.Namespace, folder: str, data: str, gpu: bool, overlap: bool = False) -> dict[str, Any]:
+    """The RLJob of the job; ``overlap``: the one-step-off-policy variant (separate placement, rollout.overlap,
+    rollout correction)."""
+    budget = token_budget(args.max_tokens)
+    if budget is None:
+        micro: dict[str, Any] = {"ppoMicroBatchSizePerGPU": args.micro_batch}
+    elif budget == "auto":  # left out: the trainer takes the largest budget its memory plan fits on the card
+        micro = {"dynamicBatchSize": {"enabled": True}}
+    else:
+        micro = {"dynamicBatchSize": {"enabled": True, "maxTokenLenPerGPU": budget}}
+    doc: dict[str, Any] = {
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "grpo-bench"},
+        "spec": {
+            "model": {"path": folder, "dtype": "bfloat16" if gpu else "float32", "gradientCheckpointing": False},
+            "algorithm": {"advantageEstimator": "grpo"},  # KL loss and KL-in-reward are off by default
+            "data": {
+                "trainFiles": [data],
+                "maxPromptLength": args.max_prompt,
+                "maxResponseLength": args.max_response,
+                "seed": args.seed,
+            },
+            "reward": {"function": "gsm8k"},
+            "batch": {
+                "trainBatchSize": args.prompts,
+                "rolloutN": args.group,
+                "ppoMiniBatchSize": args.prompts,
+                **micro,
+            },
+            "rollout": (
+                {
+                    "engine": "vllm",
+                    "placement": "colocated",
+                    "gpuMemoryUtilization": args.gpu_memory_utilization,
+                    "calculateLogProbs": True,
+                    "enforceEager": False,
+                    "temperature": 1.0,
+                }
+                if gpu
+                else {"engine": "hf", "temperature": 1.0}
+            ),
+            "actor": {"optim": {"lr": args.lr, "weightDecay": 0.0}},
+            "trainer": {
+                "totalSteps": args.steps,
+                "valBeforeTrain": False,
+                "resume": "disable",
+                "metricsPort": 0,
+                "checkpointDir": CHECKPOINTS,
+                "maxCheckpoints": 1,
+                "loggers": ["console", "jsonl"],
+            },
+            "cluster": {
+                "device": "cuda" if gpu else "cpu",
+                "trainer": {"nodes": 1, "gpusPerNode": 1, "cpu": "2", "memory": "8Gi"},
+            },
+        },
+    }
+    if overlap:
+        spec = doc["spec"]
+        spec["rollout"].update(placement="separate", overlap="oneStepOffPolicy", calculateLogProbs=True)
+        spec["algorithm"]["rolloutCorrection"] = {"enabled": True}
+        spec["cluster"]["rollout"] = {"nodes": 1, "gpusPerNode": 1, "cpu": "2", "memory": "8Gi"}
+    return doc
+
+
+def kuberl_steps(metrics_lines: list[dict[str, Any]], *, overlap: bool) -> list[dict[str, Any]]:
+    """Per-step tokens, seconds and phases from kuberl's ``metrics.jsonl`` records."""
+    keys = dict(KUBERL_PHASES)
+    if overlap:
+        keys = {**keys, "generation": (), "reward": ()}
+    return [
+        {
+            "step": m["step"],
+            "tokens": int(m["perf/total_num_tokens"]),
+            "seconds": round(m["timing_s/step"], 3),
+            "tokens_per_s": round(m["perf/total_num_tokens"] / m["timing_s/step"], 1),
+            "response_length_mean": m.get("response_length/mean"),
+            "reward_mean": m.get("critic/score/mean"),
+            "staleness": m.get("rollout/staleness"),
+            "overlap_s": m.get("timing_s/overlap"),
+            "breakdown_s": phase_breakdown(m, keys, "timing_s/step"),
+        }
+        for m in metrics_lines
+        if "perf/total_num_tokens" in m
+    ]
+
+
+def kuberl_plan(spec_doc: dict[str, Any], card: str | None) -> dict[str, Any] | None:
+    """``kuberl plan`` of the side's RLJob on ``card`` (one GPU: the shared layout when separate), for the record
+    beside the measured peak; None off a GPU or on a card the plan does not know."""
+    if card is None:
+        return None
+    from kuberl.api.memory import gpu_named, plan_memory
+    from kuberl.api.validation import parse_spec
+    from kuberl.trainer.model_shape import model_shape
+    from kuberl.trainer.rollout.layout import plan_rollout_layout
+
+    spec = parse_spec(spec_doc["spec"])
+    try:
+        gpu = gpu_named(card)
+    except ValueError as exc:
+        return {"error": str(exc)}
+    layout = plan_rollout_layout(spec, cluster_gpus=1, rollout_pool_labelled=False).kind
+    plan = plan_memory(spec, model_shape(spec.model.path), gpu, layout=layout)
+    return {
+        "gpu": plan.gpu,
+        "layout": plan.layout,
+        "peak_gib": round(plan.peak_gib, 2),
+        "phases_gib": {k: round(v, 2) for k, v in plan.phases_gib.items()},
+        "fits": plan.fits,
+        "token_budget": plan.token_budget,
+    }
+
+
+def run_kuberl(
+    args: argparse.Namespace, folder: str, data: str, work: Path, gpu: bool, card: str | None, overlap: bool = False
+) -> dict[str, Any]:
+    import yaml
+
+    name = "kuberl-overlap" if overlap else "kuberl"
+    run_dir = work / f"{name}-run"
+    shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl is appended to
+    spec = kuberl_spec(args, folder, data, gpu, overlap)
+    spec_path = work / f"{name}-rljob.yaml"
+    spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    cmd = [sys.executable, "-m", "kuberl.cli", "run", str(spec_path), "--run-dir", str(run_dir), "--no-progress"]
+    env = {**os.environ, **OFFLINE_ENV}
+    result: dict[str, Any] = {
+        "engine": spec["spec"]["rollout"]["engine"],
+        "placement": spec["spec"]["rollout"].get("placement", "colocated"),
+        "overlap": spec["spec"]["rollout"].get("overlap", "none"),
+        "spec_file": str(spec_path),
+        "spec": spec["spec"],
+        "plan": kuberl_plan(spec, card),
+        **run_side(cmd, work, name, env, args.timeout),
+    }
+    shutil.rmtree(ROOT / CHECKPOINTS, ignore_errors=True)
+    metrics_path = run_dir / "metrics.jsonl"
+    lines = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
+    result["steps"] = kuberl_steps(lines, overlap=overlap)
+    return measured(result, args.steps, generates_ahead=overlap)
+
+
+def print_side(name: str, result: dict[str, Any], out: str) -> None:
+    error = result.get("error")
+    lines = error.splitlines() if error else []
+    summary = f"{lines[0]} … {lines[-1]} (more in {out})" if error else f"{result['tokens_per_s']:.0f} tokens/s"
+    peak = result.get("nvml", {}).get("device_peak_gib")
+    plan = (result.get("plan") or {}).get("peak_gib")
+    memory = f"; card peak {peak:.1f} GiB (NVML)" if peak is not None else ""
+    memory += f", plan {plan:.1f} GiB" if plan is not None else ""
+    print(f"{name}: {summary} ({result['wall_s']} s{memory})", flush=True)
+
+
+def write_result(result: dict[str, Any], out: str) -> None:
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")

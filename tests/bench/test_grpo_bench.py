@@ -1,0 +1,134 @@
+"""What the end-to-end GRPO benchmarks share (bench/grpo_bench.py), and TRL's micro-batch sweep: the RLJob each
+side runs, kuberl's metrics as steps by phase, the tokens/s summary, the card's peak as NVML reads it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import bench.grpo_vs_trl as grpo_vs_trl
+from bench.grpo_bench import DeviceMemory, kuberl_spec, kuberl_steps, measured, summarise
+from kuberl.api.validation import parse_spec
+
+
+def _args(max_tokens: str) -> argparse.Namespace:
+    return argparse.Namespace(
+        max_tokens=max_tokens,
+        micro_batch=32,
+        prompts=32,
+        group=8,
+        max_prompt=256,
+        max_response=256,
+        seed=1,
+        gpu_memory_utilization=0.3,
+        lr=5e-6,
+        steps=4,
+    )
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "batch"),
+    [
+        ("auto", {"dynamicBatchSize": {"enabled": True}}),
+        ("32768", {"dynamicBatchSize": {"enabled": True, "maxTokenLenPerGPU": 32768}}),
+        ("0", {"ppoMicroBatchSizePerGPU": 32}),
+    ],
+)
+def test_the_micro_batches_of_the_kuberl_side(max_tokens: str, batch: dict[str, Any]) -> None:
+    doc = kuberl_spec(_args(max_tokens), "/models/m", "/data/train.parquet", gpu=True)
+    assert {k: v for k, v in doc["spec"]["batch"].items() if k in batch} == batch
+    parse_spec(doc["spec"])  # a valid RLJob
+
+
+def test_the_overlapped_kuberl_side_is_one_step_off_on_a_separate_engine() -> None:
+    spec = parse_spec(kuberl_spec(_args("auto"), "/models/m", "/data/train.parquet", gpu=True, overlap=True)["spec"])
+    assert (spec.rollout.placement, spec.rollout.overlap) == ("separate", "oneStepOffPolicy")
+    assert spec.algorithm.rollout_correction.enabled and spec.cluster.rollout is not None
+
+
+SYNC = {
+    "step": 2,
+    "perf/total_num_tokens": 76000,
+    "timing_s/step": 4.0,
+    "timing_s/gen": 2.0,
+    "timing_s/reward": 0.1,
+    "timing_s/update_actor": 1.2,
+    "timing_s/adv": 0.05,
+    "timing_s/update_weights": 0.1,
+}
+
+
+def test_kuberls_metrics_become_steps_by_phase() -> None:
+    (step,) = kuberl_steps([{"step": 0, "val": 1.0}, SYNC], overlap=False)
+    assert (step["tokens"], step["seconds"], step["tokens_per_s"]) == (76000, 4.0, 19000.0)
+    assert step["breakdown_s"] == {
+        "generation": 2.0,
+        "reward": 0.1,
+        "log_probs": 0.0,
+        "update": 1.25,
+        "sync": 0.1,
+        "idle": 0.0,
+        "other": 0.55,
+    }
+
+
+def test_one_step_off_the_generation_ran_in_the_previous_step() -> None:
+    overlapped = {**SYNC, "timing_s/gen_wait": 0.8, "timing_s/overlap": 2.1, "timing_s/gen": 2.9}
+    (step,) = kuberl_steps([overlapped], overlap=True)
+    assert step["breakdown_s"]["generation"] == 0.0 and step["breakdown_s"]["reward"] == 0.0
+    assert step["breakdown_s"]["idle"] == 0.8 and step["overlap_s"] == 2.1
+    assert step["breakdown_s"]["other"] == round(4.0 - 0.8 - 1.25 - 0.1, 3)
+
+
+def _steps(seconds: list[float]) -> list[dict[str, Any]]:
+    return [
+        {"step": i + 1, "tokens": 1000, "seconds": s, "tokens_per_s": 1000 / s, "breakdown_s": {"update": s / 2}}
+        for i, s in enumerate(seconds)
+    ]
+
+
+def test_tokens_per_second_leave_out_the_warm_up_and_an_overlapped_runs_last_step() -> None:
+    assert summarise(_steps([10, 2, 2, 1]))["tokens_per_s"] == round(3000 / 5, 1)
+    ahead = summarise(_steps([10, 2, 2, 1]), generates_ahead=True)
+    assert ahead["measured_steps"] == [2, 3] and ahead["tokens_per_s"] == 500.0
+    assert ahead["phases_s"] == {"update": 1.0}
+
+
+def test_a_side_that_recorded_too_few_steps_says_so() -> None:
+    assert measured({"steps": _steps([3, 2])}, 4)["error"] == "2 of 4 steps recorded"
+    assert "tokens_per_s" in measured({"steps": _steps([3, 2, 2, 2]), "error": "exit code 1 at teardown"}, 4)
+
+
+def test_the_cards_peak_is_the_largest_reading_and_each_process_its_own() -> None:
+    memory = DeviceMemory()
+    memory.before_bytes = 2**29
+    for used, processes in [(10 * 2**30, {7: 2**30}), (30 * 2**30, {7: 5 * 2**30, 9: 20 * 2**30}), (12 * 2**30, {})]:
+        memory.record(used, processes)
+    recorded = memory.as_dict()
+    assert recorded["device_peak_gib"] == 30.0 and recorded["device_before_gib"] == 0.5 and recorded["samples"] == 3
+    assert recorded["process_peaks_gib"] == {"9": 20.0, "7": 5.0}
+
+
+def test_without_nvml_nothing_is_recorded() -> None:
+    with DeviceMemory() as memory:
+        pass
+    assert memory.as_dict() == {"available": False} or memory.as_dict()["device_peak_gib"] > 0
+
+
+def test_trls_sweep_takes_its_fastest_micro_batch_and_marks_the_one_out_of_memory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    outcomes = {
+        32: {"tokens_per_s": 18000.0, "wall_s": 80},
+        64: {"tokens_per_s": 19500.0, "wall_s": 75},
+        128: {"tokens_per_s": 20226.0, "wall_s": 70},
+        256: {"error": "trl exit code 1; tail of stderr:\ntorch.OutOfMemoryError: CUDA out of memory.", "wall_s": 30},
+    }
+    monkeypatch.setattr(grpo_vs_trl, "run_trl", lambda *a: dict(outcomes[a[-1]]))
+    args = argparse.Namespace(out="x.json")
+    best, runs = grpo_vs_trl.run_trl_sweep(args, "/m", "/d", tmp_path, True, [32, 64, 128, 256])
+    assert best["micro_batch"] == 128 and best["tokens_per_s"] == 20226.0
+    assert [r["oom"] for r in runs] == [False, False, False, True]
