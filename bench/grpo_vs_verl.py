@@ -163,7 +163,6 @@ def verl_stack(
         "trainer.default_local_dir": str(work / f"{side}-checkpoints"),
         "trainer.device": "cuda",
         "trainer.use_v1": True,
-        "ray_kwargs.ray_init.num_cpus": os.cpu_count() or 8,
         "hydra.run.dir": str(work / f"{side}-hydra"),
     }
 
@@ -288,6 +287,33 @@ def verl_versions(env: dict[str, str]) -> dict[str, str | None]:
     return dict(json.loads(out.stdout)) if out.returncode == 0 else {"error": out.stderr[-500:]}
 
 
+CHECK_SCRIPT = """
+import json, sys
+from pathlib import Path
+import verl
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import omega_conf_to_dataclass, validate_config
+overrides = [o for o in json.loads(sys.argv[1]) if not o.startswith("hydra.")]
+with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+    config = compose(config_name="ppo_trainer", overrides=overrides)
+OmegaConf.resolve(config)
+validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+for path in ("actor_rollout_ref.actor", "actor_rollout_ref.rollout", "algorithm"):
+    omega_conf_to_dataclass(OmegaConf.select(config, path))
+print("verl accepts the overrides:", config.trainer.v1.trainer_mode)
+"""
+"""Compose verl's Hydra config with the overrides and run its own checks, without Ray or a GPU (seconds)."""
+
+
+def check_verl_config(overrides: dict[str, Any], env: dict[str, str]) -> str | None:
+    """None when verl composes and validates ``overrides``; else the tail of its error."""
+    args = json.dumps(override_arguments(overrides))
+    out = subprocess.run([sys.executable, "-c", CHECK_SCRIPT, args], env=env, capture_output=True, text=True)
+    return None if out.returncode == 0 else "\n".join(out.stderr.splitlines()[-15:])
+
+
 def run_verl(
     args: argparse.Namespace, kuberl_doc: dict[str, Any], data_file: str, work: Path, token_budget: int, overlap: bool
 ) -> dict[str, Any]:
@@ -306,13 +332,18 @@ def run_verl(
     )
     overrides = verl_overrides(kuberl_doc, stack, overlap=overlap)
     env = verl_env([*args.verl_site.split(":"), args.vllm_site], metrics_file)
-    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *override_arguments(overrides)]
     result: dict[str, Any] = {
         "trainer_mode": overrides["trainer.v1.trainer_mode"],
         "overrides": overrides,
         "versions": verl_versions(env),
-        **run_side(cmd, work, side, env, args.timeout, cwd=work),
     }
+    refused = check_verl_config(overrides, env)
+    if refused is not None:
+        return {**result, "error": f"verl refuses the configuration:\n{refused}", "steps": [], "wall_s": 0.0}
+    if args.verl_check_only:
+        return {**result, "checked": True, "steps": [], "wall_s": 0.0}
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *override_arguments(overrides)]
+    result.update(run_side(cmd, work, side, env, args.timeout, cwd=work))
     records = file_records(metrics_file) or console_records(Path(result["stdout_log"]).read_text(errors="replace"))
     result["metrics_source"] = "file" if metrics_file.exists() else "console"
     result["steps"] = verl_steps(records)
@@ -347,6 +378,11 @@ def main() -> int:
     parser.add_argument("--verl-remove-padding", choices=["on", "off"], default="off")
     parser.add_argument("--verl-bypass", choices=["on", "off"], default="on", help="rollout log-probs as the old ones")
     parser.add_argument("--verl-max-tokens", type=int, help="verl's ppo_max_token_len_per_gpu (default: kuberl's)")
+    parser.add_argument(
+        "--verl-check-only",
+        action="store_true",
+        help="compose and validate verl's configuration of each row in verl's environment, run nothing (seconds)",
+    )
     parser.add_argument("--out", default="bench/results/grpo_vs_verl.json")
     args = parser.parse_args()
     check_steps(parser, args)
@@ -356,7 +392,7 @@ def main() -> int:
     import torch
 
     gpu = torch.cuda.is_available()
-    if not gpu and args.only != "kuberl":
+    if not gpu and args.only != "kuberl" and not args.verl_check_only:
         parser.error("verl's vLLM rollout needs a GPU; on CPU run --only kuberl")
     card = gpu_name() if gpu else None
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="grpo-vs-verl-")).resolve()
@@ -385,7 +421,7 @@ def main() -> int:
     for overlap in rows:
         suffix = "_overlap" if overlap else ""
         doc = kuberl_spec(args, folder, data["file"], gpu, overlap)
-        if args.only != "verl":
+        if args.only != "verl" and not args.verl_check_only:
             print(f"running kuberl{suffix} ...", flush=True)
             result[f"kuberl{suffix}"] = run_kuberl(args, folder, data["file"], work, gpu, card, overlap=overlap)
             print_side(f"kuberl{suffix}", result[f"kuberl{suffix}"], args.out)
@@ -393,7 +429,10 @@ def main() -> int:
             print(f"running verl{suffix} ...", flush=True)
             budget = kuberl_budget(args, doc, card)
             result[f"verl{suffix}"] = run_verl(args, doc, verl_file, work, budget, overlap)
-            print_side(f"verl{suffix}", result[f"verl{suffix}"], args.out)
+            if result[f"verl{suffix}"].get("checked"):
+                print(f"verl{suffix}: verl accepts the configuration ({result[f'verl{suffix}']['trainer_mode']})")
+            else:
+                print_side(f"verl{suffix}", result[f"verl{suffix}"], args.out)
         ours, theirs = (result.get(f"{s}{suffix}", {}).get("tokens_per_s") for s in ("kuberl", "verl"))
         if ours and theirs:
             result[f"ratio{suffix}"] = round(ours / theirs, 3)

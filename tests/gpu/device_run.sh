@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Stages of a GPU-machine session (docs/gpu.md), run from the repository root:
-#   bash tests/gpu/device_run.sh install grpo                  # first long call
-#   bash tests/gpu/device_run.sh env tests bench-mfu bench-trl # next call, machine still warm
-# Stages: install (offline bundle staged in /root/stage, extra wheels, docs/gpu.md), env (only set up the
-# environment), lite (no bundle: the carried .device/lite wheels, for bench-mfu and the tests not marked vllm),
-# tests (tests/gpu, one process per module), bench-sync, bench-rollout, bench-mfu (MFU_ARGS), bench-trl,
-# grpo (GRPO_SPECS, tests/gpu/*.yaml), agent (tests/gpu/smollm2-agent-vllm.yaml), plan (bench/plan_accuracy.py on
-# the kuberl side of the last bench-trl, whose TRL_ARGS must include --work-dir "$BENCH_DIR"). The 1.1B benchmark:
-# TRL_ARGS="--model shape:llama-1.1b --work-dir /tmp/bench-1b ..." (the script writes the random-weight model).
+#   bash tests/gpu/device_run.sh install install-verl bench-verl  # first long call, after the staging calls
+#   bash tests/gpu/device_run.sh env bench-trl                      # next call, machine still warm
+# Stages: install (offline bundle staged in /root/stage, kuberl's and TRL's extra wheels staged flat in /root/extra
+# or carried in .device/x1 and .device/x-trl, docs/gpu.md), install-verl (verl's site from the wheels staged in
+# /root/verl-stage, checked against its SHA256SUMS, into /root/verl-site; VERL_TF59=1 also puts verl's pinned
+# transformers from /root/verl-tf59 before it), env (only set up the environment), lite (no bundle: the carried
+# .device/lite wheels, for bench-mfu and the tests not marked vllm), tests (tests/gpu, one process per module),
+# bench-sync, bench-rollout, bench-mfu (MFU_ARGS), bench-trl (TRL_ARGS), verl-check (compose and validate verl's
+# configuration of the rows, seconds), bench-verl (VERL_ARGS), grpo (GRPO_SPECS, tests/gpu/*.yaml), agent
+# (tests/gpu/smollm2-agent-vllm.yaml), plan (bench/plan_accuracy.py on the kuberl side of the last bench-trl, whose
+# TRL_ARGS must include --work-dir "$BENCH_DIR"). The 1.1B benchmark: TRL_ARGS="--model shape:llama-1.1b --work-dir
+# /tmp/bench-1b ..." (the script writes the random-weight model). .device/PLAN.md (in the integrator's checkout) has
+# the staging calls and each call's carry list.
 # Logs and JSON go to $OUT (the device tool brings back at most 8 files).
 set -u
 OUT=${OUT:-/tmp/kuberl-gpu-out}
@@ -25,19 +30,42 @@ install() {
   local rc=$?
   tail -5 "$OUT/install.log" | tee -a "$OUT/session.log"
   [ $rc -eq 0 ] || { log "install.sh failed: $rc"; return $rc; }
-  # extra wheels (docs/gpu.md): whole ones in the carried .device/x1 and .device/x-trl, split ones (NAME.whl.partNN)
-  # copied into /root/extra-parts by earlier calls; all checked against .device/x1/EXTRA_SHA256SUMS
-  mkdir -p /root/extra /root/extra-parts
-  cp .device/x1/*.whl .device/x-trl/*.whl /root/extra/ 2>/dev/null
-  for part in /root/extra-parts/*.whl.part00; do
+  # extra wheels (docs/gpu.md): staged flat in /root/extra by the staging calls, or carried in .device/x1 and
+  # .device/x-trl; split ones (NAME.whl.partNN) joined; all checked against EXTRA_SHA256SUMS
+  mkdir -p /root/extra
+  cp .device/x1/* .device/x-trl/* /root/extra/ 2>/dev/null
+  for part in /root/extra/*.whl.part00 /root/extra-parts/*.whl.part00; do
     [ -e "$part" ] || continue
     cat "${part%.part00}".part[0-9][0-9] > "/root/extra/$(basename "${part%.part00}")"
   done
-  (cd /root/extra && sha256sum -c "$ROOT/.device/x1/EXTRA_SHA256SUMS") 2>&1 | tee -a "$OUT/session.log" \
-    | grep -q FAILED && { log "extra wheels: sha256 mismatch"; return 2; }
+  (cd /root/extra && sha256sum -c EXTRA_SHA256SUMS) 2>&1 | tee -a "$OUT/session.log" \
+    | grep -q -e FAILED -e "No such file" && { log "extra wheels: sha256 mismatch or missing"; return 2; }
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" --upgrade /root/extra/*.whl \
     >> "$OUT/install.log" 2>&1 || { log "extra wheels failed"; return 1; }
   log "install: done"
+}
+
+install_verl() {
+  # verl 0.9.1 and what it imports that the image and the bundle lack, in a site of its own (bench/grpo_vs_verl.py
+  # puts it before /root/site on verl's PYTHONPATH, never on kuberl's)
+  log "install-verl"
+  (cd /root/verl-stage && sha256sum -c SHA256SUMS) 2>&1 | tee -a "$OUT/session.log" \
+    | grep -q -e FAILED -e "No such file" && { log "verl wheels: sha256 mismatch or missing"; return 2; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /root/verl-site /root/verl-stage/*.whl \
+    >> "$OUT/install.log" 2>&1 || { log "verl wheels failed"; return 1; }
+  VERL_SITE=/root/verl-site
+  if [ "${VERL_TF59:-0}" = 1 ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /root/verl-tf59-site /root/verl-tf59/*.whl \
+      >> "$OUT/install.log" 2>&1 || { log "verl's transformers failed"; return 1; }
+    VERL_SITE=/root/verl-tf59-site:/root/verl-site
+  fi
+  export VERL_SITE VLLM_SITE=$SITE
+  env -u VLLM_ENABLE_V1_MULTIPROCESSING PYTHONPATH="$VERL_SITE:$SITE" python3 -c "
+import importlib.metadata as m, transformers, vllm, verl.trainer.main_ppo, verl.workers.engine_workers, transfer_queue
+import verl.workers.rollout.vllm_rollout.vllm_async_server, verl.workers.engine.fsdp.transformer_impl
+print('verl', m.version('verl'), 'vllm', vllm.__version__, 'transformers', transformers.__version__,
+      'tensordict', m.version('tensordict'), 'imports OK')" 2>&1 | tail -3 | tee -a "$OUT/session.log"
+  log "install-verl: exit ${PIPESTATUS[0]}"
 }
 
 env_setup() {
@@ -143,14 +171,34 @@ plan_accuracy() {
 bench_trl() {
   log "bench grpo_vs_trl"
   # shellcheck disable=SC2086
-  timeout 590 python3 bench/grpo_vs_trl.py --out "$OUT/grpo_vs_trl.json" ${TRL_ARGS:-} 2>&1 \
+  timeout "${TRL_TIMEOUT:-590}" python3 bench/grpo_vs_trl.py --out "$OUT/grpo_vs_trl.json" ${TRL_ARGS:-} 2>&1 \
     | grep -v -e "^INFO" -e "^(EngineCore" -e "^WARNING" | tail -40 >> "$OUT/bench.log"
   log "bench grpo_vs_trl: exit ${PIPESTATUS[0]}"
+  grep -e "tokens/s" "$OUT/bench.log" | tail -8 | tee -a "$OUT/session.log"
+}
+
+verl_check() {
+  log "verl-check"
+  # shellcheck disable=SC2086
+  timeout 300 python3 bench/grpo_vs_verl.py --verl-check-only --overlap both --out "$OUT/verl_check.json" \
+    ${VERL_ARGS:-} 2>&1 | grep -v -e "^INFO" -e "^WARNING" | tail -12 | tee -a "$OUT/session.log"
+}
+
+bench_verl() {
+  log "bench grpo_vs_verl"
+  # shellcheck disable=SC2086
+  timeout "${VERL_TIMEOUT:-590}" python3 bench/grpo_vs_verl.py --out "$OUT/grpo_vs_verl.json" ${VERL_ARGS:-} 2>&1 \
+    | grep -v -e "^INFO" -e "^(EngineCore" -e "^WARNING" -e "^(WorkerDict" | tail -40 >> "$OUT/bench.log"
+  log "bench grpo_vs_verl: exit ${PIPESTATUS[0]}"
+  grep -e "tokens/s" -e "seconds per step" "$OUT/bench.log" | tail -8 | tee -a "$OUT/session.log"
 }
 
 for stage in "$@"; do
   case $stage in
     install) install || exit 1; env_setup ;;
+    install-verl) install_verl || exit 1 ;;
+    verl-check) verl_check ;;
+    bench-verl) bench_verl ;;
     env) env_setup ;;
     lite) lite || exit 1 ;;
     tests) run_tests ;;
