@@ -180,8 +180,8 @@ bench_trl() {
 verl_check() {
   log "verl-check"
   # shellcheck disable=SC2086
-  timeout 300 python3 bench/grpo_vs_verl.py --verl-check-only --overlap both --out "$OUT/verl_check.json" \
-    ${VERL_ARGS:-} 2>&1 | grep -v -e "^INFO" -e "^WARNING" | tail -12 | tee -a "$OUT/session.log"
+  timeout 300 python3 bench/grpo_vs_verl.py ${VERL_ARGS:-} --verl-check-only --overlap both \
+    --out "$OUT/verl_check.json" 2>&1 | grep -v -e "^INFO" -e "^WARNING" | tail -12 | tee -a "$OUT/session.log"
 }
 
 bench_verl() {
