@@ -81,6 +81,11 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--timeout", type=float, default=300, help="seconds per side before it is killed")
     parser.add_argument("--work-dir", help="specs, data, logs (default: a new temporary folder)")
+    parser.add_argument(
+        "--merge-with",
+        help="an earlier result of the same script, model and card: its sides that this run does not run are kept, "
+        "and the ratios taken over both (a benchmark split over several calls of a time-limited machine)",
+    )
 
 
 def token_budget(value: str) -> int | str | None:
@@ -551,6 +556,25 @@ def print_side(name: str, result: dict[str, Any], out: str) -> None:
     memory = f"; card peak {peak:.1f} GiB (NVML)" if peak is not None else ""
     memory += f", plan {plan:.1f} GiB" if plan is not None else ""
     print(f"{name}: {summary} ({result['wall_s']} s{memory})", flush=True)
+
+
+def merge_sides(result: dict[str, Any], earlier_file: str | None, sides: tuple[str, ...]) -> None:
+    """Copy into ``result`` the sides of ``earlier_file`` (a result of the same benchmark, model and card) named by
+    ``sides`` that ``result`` lacks."""
+    if not earlier_file:
+        return
+    earlier = json.loads(Path(earlier_file).read_text())
+    for key in ("benchmark", "model", "device"):
+        if earlier.get(key) != result.get(key):
+            raise SystemExit(f"--merge-with {earlier_file}: its {key} is {earlier.get(key)!r}, not {result.get(key)!r}")
+    kept = [side for side in sides if side in earlier and side not in result]
+    result.update({side: earlier[side] for side in kept})
+    result["merged"] = {
+        "from": earlier_file,
+        "date": earlier.get("date"),
+        "command": earlier.get("command"),
+        "sides": kept,
+    }
 
 
 def write_result(result: dict[str, Any], out: str) -> None:

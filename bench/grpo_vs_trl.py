@@ -48,6 +48,7 @@ from bench.grpo_bench import (
     gpu_name,
     job_settings,
     measured,
+    merge_sides,
     model_folder_of,
     print_side,
     run_kuberl,
@@ -270,9 +271,25 @@ def run_trl_sweep(
         result["oom"] = any(text in result.get("error", "") for text in OUT_OF_MEMORY)
         print_side(f"trl (micro-batch {micro_batch})", result, args.out)
         runs.append(result)
+    return fastest(runs), runs
+
+
+def fastest(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of the most tokens/s; the last one when none finished."""
     done = [r for r in runs if "error" not in r]
-    best = max(done, key=lambda r: r["tokens_per_s"]) if done else runs[-1]
-    return best, runs
+    return max(done, key=lambda r: r["tokens_per_s"]) if done else runs[-1]
+
+
+def merge_trl_sweep(result: dict[str, Any], earlier_file: str | None) -> None:
+    """TRL's runs of ``earlier_file`` beside this run's (this run's win for the same micro-batch); the fastest of
+    all is the side ``trl``."""
+    if not earlier_file:
+        return
+    runs = {r["micro_batch"]: r for r in json.loads(Path(earlier_file).read_text()).get("trl_sweep", [])}
+    runs.update({r["micro_batch"]: r for r in result.get("trl_sweep", [])})
+    if runs:
+        result["trl_sweep"] = [runs[m] for m in sorted(runs)]
+        result["trl"] = fastest(result["trl_sweep"])
 
 
 def main() -> int:
@@ -338,12 +355,14 @@ def main() -> int:
         result[side] = run_kuberl(args, folder, data["file"], work, gpu, card, overlap=side == "kuberl_overlap")
         print_side(side, result[side], args.out)
 
+    merge_sides(result, args.merge_with, ("kuberl", "kuberl_overlap"))
+    merge_trl_sweep(result, args.merge_with)
     for side in kuberl_sides:
         for step in result.get(side, {}).get("steps", []):
             phases = " ".join(f"{k} {v:.2f}" for k, v in step["breakdown_s"].items())
             print(f"{side} step {step['step']}: {step['seconds']:.2f} s, staleness {step['staleness']}; {phases}")
     theirs = result.get("trl", {}).get("tokens_per_s")
-    for side in kuberl_sides:
+    for side in ("kuberl", "kuberl_overlap"):
         ours = result.get(side, {}).get("tokens_per_s")
         if ours and theirs:
             key = "ratio" if side == "kuberl" else f"ratio_{side}"

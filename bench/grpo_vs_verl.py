@@ -54,6 +54,7 @@ from bench.grpo_bench import (
     kuberl_plan,
     kuberl_spec,
     measured,
+    merge_sides,
     model_folder_of,
     phase_breakdown,
     print_side,
@@ -125,6 +126,7 @@ SHARED = (
     "trainer.total_training_steps",
 )
 """The verl keys whose values come from the RLJob (kuberl.api.verl's table); every one exists in verl 0.9.1."""
+SIDES = ("kuberl", "verl", "kuberl_overlap", "verl_overlap")
 VERL_MODES = {False: "sync", True: "colocate_async"}
 """trainer.v1.trainer_mode of the synchronous and the overlapped row."""
 VERL_PHASES: dict[str, tuple[str, ...]] = {
@@ -433,6 +435,8 @@ def main() -> int:
                 print(f"verl{suffix}: verl accepts the configuration ({result[f'verl{suffix}']['trainer_mode']})")
             else:
                 print_side(f"verl{suffix}", result[f"verl{suffix}"], args.out)
+    merge_sides(result, args.merge_with, SIDES)
+    for suffix in ("", "_overlap"):
         ours, theirs = (result.get(f"{s}{suffix}", {}).get("tokens_per_s") for s in ("kuberl", "verl"))
         if ours and theirs:
             result[f"ratio{suffix}"] = round(ours / theirs, 3)
@@ -441,7 +445,7 @@ def main() -> int:
             phases = result.get(side, {}).get("phases_s")
             if phases:
                 print(f"{side} seconds per step: " + " ".join(f"{k} {v:.2f}" for k, v in phases.items()))
-    sides = [k for k in result if k.startswith(("kuberl", "verl")) and isinstance(result[k], dict)]
+    sides = [side for side in SIDES if side in result]
     write_result(result, args.out)
     return 0 if all("error" not in result[side] for side in sides) else 1
 

@@ -4,13 +4,14 @@ side runs, kuberl's metrics as steps by phase, the tokens/s summary, the card's 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import bench.grpo_vs_trl as grpo_vs_trl
-from bench.grpo_bench import DeviceMemory, kuberl_spec, kuberl_steps, measured, summarise
+from bench.grpo_bench import DeviceMemory, kuberl_spec, kuberl_steps, measured, merge_sides, summarise
 from kuberl.api.validation import parse_spec
 
 
@@ -132,3 +133,30 @@ def test_trls_sweep_takes_its_fastest_micro_batch_and_marks_the_one_out_of_memor
     best, runs = grpo_vs_trl.run_trl_sweep(args, "/m", "/d", tmp_path, True, [32, 64, 128, 256])
     assert best["micro_batch"] == 128 and best["tokens_per_s"] == 20226.0
     assert [r["oom"] for r in runs] == [False, False, False, True]
+
+
+def test_a_benchmark_split_over_calls_is_merged_into_one_result(tmp_path: Path) -> None:
+    earlier = {
+        "benchmark": "b",
+        "model": "smollm2",
+        "device": "NVIDIA H100 80GB HBM3",
+        "date": "2026-12-06",
+        "kuberl": {"tokens_per_s": 30000.0},
+        "trl_sweep": [{"micro_batch": 32, "tokens_per_s": 18000.0}, {"micro_batch": 64, "tokens_per_s": 19000.0}],
+    }
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    now: dict[str, Any] = {"benchmark": "b", "model": "smollm2", "device": "NVIDIA H100 80GB HBM3"}
+    now["trl_sweep"] = [{"micro_batch": 128, "tokens_per_s": 20226.0}, {"micro_batch": 256, "error": "OOM"}]
+    merge_sides(now, str(path), ("kuberl", "kuberl_overlap"))
+    grpo_vs_trl.merge_trl_sweep(now, str(path))
+    assert now["kuberl"] == {"tokens_per_s": 30000.0} and now["merged"]["sides"] == ["kuberl"]
+    assert [r["micro_batch"] for r in now["trl_sweep"]] == [32, 64, 128, 256]
+    assert now["trl"]["micro_batch"] == 128
+
+
+def test_results_of_another_card_are_not_merged(tmp_path: Path) -> None:
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps({"benchmark": "b", "model": "smollm2", "device": "NVIDIA H200", "kuberl": {}}))
+    with pytest.raises(SystemExit, match="its device is 'NVIDIA H200'"):
+        merge_sides({"benchmark": "b", "model": "smollm2", "device": "NVIDIA H100 80GB HBM3"}, str(path), ("kuberl",))
