@@ -13,12 +13,15 @@
 # TRL_ARGS must include --work-dir "$BENCH_DIR"). The 1.1B benchmark: TRL_ARGS="--model shape:llama-1.1b --work-dir
 # /tmp/bench-1b ..." (the script writes the random-weight model). .device/PLAN.md (in the integrator's checkout) has
 # the staging calls and each call's carry list.
-# Logs and JSON go to $OUT (the device tool brings back at most 8 files).
+# Logs and JSON go to $OUT (the device tool brings back at most 8 files); the benchmarks' JSON also stays in
+# /root/results, where a later call's --merge-with (TRL_ARGS, VERL_ARGS) finds it: TRL_NAME and VERL_NAME name them.
 set -u
 OUT=${OUT:-/tmp/kuberl-gpu-out}
 mkdir -p "$OUT"
 ROOT=$(pwd)
 SITE=/root/site
+RESULTS=/root/results  # benchmark JSON kept on the machine between calls (--merge-with), copied to $OUT
+mkdir -p "$RESULTS"
 export KUBERL_CACHE_DIR=/root/kuberl-cache
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 
@@ -171,9 +174,10 @@ plan_accuracy() {
 bench_trl() {
   log "bench grpo_vs_trl"
   # shellcheck disable=SC2086
-  timeout "${TRL_TIMEOUT:-590}" python3 bench/grpo_vs_trl.py --out "$OUT/grpo_vs_trl.json" ${TRL_ARGS:-} 2>&1 \
-    | grep -v -e "^INFO" -e "^(EngineCore" -e "^WARNING" | tail -40 >> "$OUT/bench.log"
+  timeout "${TRL_TIMEOUT:-590}" python3 bench/grpo_vs_trl.py --out "$RESULTS/${TRL_NAME:-grpo_vs_trl}.json" \
+    ${TRL_ARGS:-} 2>&1 | grep -v -e "^INFO" -e "^(EngineCore" -e "^WARNING" | tail -40 >> "$OUT/bench.log"
   log "bench grpo_vs_trl: exit ${PIPESTATUS[0]}"
+  cp "$RESULTS"/*.json "$OUT/" 2>/dev/null
   grep -e "tokens/s" "$OUT/bench.log" | tail -8 | tee -a "$OUT/session.log"
 }
 
@@ -187,9 +191,11 @@ verl_check() {
 bench_verl() {
   log "bench grpo_vs_verl"
   # shellcheck disable=SC2086
-  timeout "${VERL_TIMEOUT:-590}" python3 bench/grpo_vs_verl.py --out "$OUT/grpo_vs_verl.json" ${VERL_ARGS:-} 2>&1 \
-    | grep -v -e "^INFO" -e "^(EngineCore" -e "^WARNING" -e "^(WorkerDict" | tail -40 >> "$OUT/bench.log"
+  timeout "${VERL_TIMEOUT:-590}" python3 bench/grpo_vs_verl.py --out "$RESULTS/${VERL_NAME:-grpo_vs_verl}.json" \
+    ${VERL_ARGS:-} 2>&1 | grep -v -e "^INFO" -e "^(EngineCore" -e "^WARNING" -e "^(WorkerDict" | tail -40 \
+    >> "$OUT/bench.log"
   log "bench grpo_vs_verl: exit ${PIPESTATUS[0]}"
+  cp "$RESULTS"/*.json "$OUT/" 2>/dev/null
   grep -e "tokens/s" -e "seconds per step" "$OUT/bench.log" | tail -8 | tee -a "$OUT/session.log"
 }
 
