@@ -135,6 +135,32 @@ TOKENS_PER_S = (
 )
 
 
+def result_header(
+    benchmark: str,
+    args: argparse.Namespace,
+    *,
+    card: str | None,
+    folder: str,
+    work: Path,
+    settings: dict[str, Any],
+    packages: tuple[str, ...],
+) -> dict[str, Any]:
+    """What every result records first: the benchmark, date, card, model, versions, command and settings."""
+    return {
+        "benchmark": benchmark,
+        "date": time.strftime("%Y-%m-%d"),
+        "device": card or "cpu",
+        "model": args.model,
+        "model_folder": folder,
+        "versions": versions(packages),
+        "command": " ".join(sys.argv),
+        "work_dir": str(work),
+        "settings": settings,
+        "tokens": TOKENS,
+        "tokens_per_s": TOKENS_PER_S,
+    }
+
+
 def versions(packages: tuple[str, ...]) -> dict[str, str | None]:
     found: dict[str, str | None] = {}
     for name in packages:
@@ -391,7 +417,7 @@ def phase_breakdown(metrics: dict[str, Any], keys: dict[str, tuple[str, ...]], s
 
 # --- the kuberl side ---------------------------------------------------------------------------------------------
 
-KUBERL_PHASES: dict[str, tuple[str, ...]] = {
+KUBERL_PHASES: dict[str, tuple[str, ...]] = {  # verl's names: kuberl kept them
     "generation": ("timing_s/gen",),
     "reward": ("timing_s/reward",),
     "log_probs": ("timing_s/old_log_prob", "timing_s/ref", "timing_s/values"),
@@ -475,20 +501,24 @@ def kuberl_steps(metrics_lines: list[dict[str, Any]], *, overlap: bool) -> list[
     if overlap:
         keys = {**keys, "generation": (), "reward": ()}
     return [
-        {
-            "step": m["step"],
-            "tokens": int(m["perf/total_num_tokens"]),
-            "seconds": round(m["timing_s/step"], 3),
-            "tokens_per_s": round(m["perf/total_num_tokens"] / m["timing_s/step"], 1),
-            "response_length_mean": m.get("response_length/mean"),
-            "reward_mean": m.get("critic/score/mean"),
-            "staleness": m.get("rollout/staleness"),
-            "overlap_s": m.get("timing_s/overlap"),
-            "breakdown_s": phase_breakdown(m, keys, "timing_s/step"),
-        }
+        {**step_record(m, keys, "rollout/staleness"), "overlap_s": m.get("timing_s/overlap")}
         for m in metrics_lines
         if "perf/total_num_tokens" in m
     ]
+
+
+def step_record(metrics: dict[str, Any], phases: dict[str, tuple[str, ...]], staleness: str) -> dict[str, Any]:
+    """One step's tokens, seconds, reward and phases from its metrics (verl's names, which kuberl's are)."""
+    return {
+        "step": int(metrics["step"]),
+        "tokens": int(metrics["perf/total_num_tokens"]),
+        "seconds": round(metrics["timing_s/step"], 3),
+        "tokens_per_s": round(metrics["perf/total_num_tokens"] / metrics["timing_s/step"], 1),
+        "response_length_mean": metrics.get("response_length/mean"),
+        "reward_mean": metrics.get("critic/score/mean"),
+        "staleness": metrics.get(staleness),
+        "breakdown_s": phase_breakdown(metrics, phases, "timing_s/step"),
+    }
 
 
 def kuberl_plan(spec_doc: dict[str, Any], card: str | None) -> dict[str, Any] | None:

@@ -41,8 +41,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.grpo_bench import (
     OFFLINE_ENV,
-    TOKENS,
-    TOKENS_PER_S,
     add_job_arguments,
     check_steps,
     gpu_name,
@@ -51,13 +49,14 @@ from bench.grpo_bench import (
     merge_sides,
     model_folder_of,
     print_side,
+    result_header,
     run_kuberl,
     run_side,
-    versions,
     write_data,
     write_result,
 )
 
+BENCHMARK = "end-to-end GRPO tokens/s, kuberl run ÷ TRL GRPOTrainer"
 PACKAGES = ("torch", "transformers", "vllm", "ray", "trl", "accelerate", "datasets", "kuberl")
 VLLM_DEFAULT_ENV = {
     "VLLM_USE_FLASHINFER_SAMPLER": "0",
@@ -330,19 +329,9 @@ def main() -> int:
         f"logs in {work}",
         flush=True,
     )
-    result: dict[str, Any] = {
-        "benchmark": "end-to-end GRPO tokens/s, kuberl run ÷ TRL GRPOTrainer",
-        "date": time.strftime("%Y-%m-%d"),
-        "device": card or "cpu",
-        "model": args.model,
-        "model_folder": folder,
-        "versions": versions(PACKAGES),
-        "command": " ".join(sys.argv),
-        "work_dir": str(work),
-        "settings": {**job_settings(args, gpu, data), "trl_micro_batches": micro_batches},
-        "tokens": TOKENS,
-        "tokens_per_s": TOKENS_PER_S + "; TRL's fastest micro-batch",
-    }
+    settings = {**job_settings(args, gpu, data), "trl_micro_batches": micro_batches}
+    result = result_header(BENCHMARK, args, card=card, folder=folder, work=work, settings=settings, packages=PACKAGES)
+    result["tokens_per_s"] += "; TRL's fastest micro-batch"
     kuberl_sides = {"off": ["kuberl"], "on": ["kuberl_overlap"], "both": ["kuberl", "kuberl_overlap"]}[args.overlap]
     sides = [*kuberl_sides, "trl"]
     if args.only:

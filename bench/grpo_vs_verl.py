@@ -44,9 +44,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.grpo_bench import (
+    KUBERL_PHASES,
     OFFLINE_ENV,
-    TOKENS,
-    TOKENS_PER_S,
     add_job_arguments,
     check_steps,
     gpu_name,
@@ -56,15 +55,16 @@ from bench.grpo_bench import (
     measured,
     merge_sides,
     model_folder_of,
-    phase_breakdown,
     print_side,
+    result_header,
     run_kuberl,
     run_side,
-    versions,
+    step_record,
     write_data,
     write_result,
 )
 
+BENCHMARK = "end-to-end GRPO tokens/s, kuberl run ÷ verl main_ppo"
 PACKAGES = ("torch", "transformers", "vllm", "ray", "kuberl")
 VERL_PACKAGES = (
     "verl",
@@ -129,15 +129,10 @@ SHARED = (
 SIDES = ("kuberl", "verl", "kuberl_overlap", "verl_overlap")
 VERL_MODES = {False: "sync", True: "colocate_async"}
 """trainer.v1.trainer_mode of the synchronous and the overlapped row."""
-VERL_PHASES: dict[str, tuple[str, ...]] = {
-    "generation": ("timing_s/gen",),
-    "reward": ("timing_s/reward",),
-    "log_probs": ("timing_s/old_log_prob", "timing_s/ref", "timing_s/values"),
-    "update": ("timing_s/update_actor", "timing_s/update_critic", "timing_s/adv"),
-    "sync": ("timing_s/update_weights",),
-}
-"""verl's timing metrics (verl/trainer/ppo/v1/trainer_base.py's marked_timer names) by grpo_bench.PHASES. In
-colocate_async ``gen`` is the wait for the replay buffer to hold a batch: the generation the step could not hide."""
+VERL_PHASES = {phase: keys for phase, keys in KUBERL_PHASES.items() if phase != "idle"}
+"""verl's timing metrics (verl/trainer/ppo/v1/trainer_base.py's marked_timer names, which kuberl's are) by
+grpo_bench.PHASES; verl has no idle wait of its own. In colocate_async ``gen`` is the wait for the replay buffer to
+hold a batch: the generation the step could not hide."""
 
 
 def verl_stack(
@@ -247,16 +242,7 @@ def file_records(path: Path) -> list[dict[str, Any]]:
 def verl_steps(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per-step tokens, seconds and phases, as the kuberl side reports them."""
     return [
-        {
-            "step": int(m["step"]),
-            "tokens": int(m["perf/total_num_tokens"]),
-            "seconds": round(m["timing_s/step"], 3),
-            "tokens_per_s": round(m["perf/total_num_tokens"] / m["timing_s/step"], 1),
-            "response_length_mean": m.get("response_length/mean"),
-            "reward_mean": m.get("critic/score/mean"),
-            "staleness": m.get("training/off_policy/trajectory_staleness/mean"),
-            "breakdown_s": phase_breakdown(m, VERL_PHASES, "timing_s/step"),
-        }
+        step_record(m, VERL_PHASES, "training/off_policy/trajectory_staleness/mean")
         for m in records
         if "perf/total_num_tokens" in m and "timing_s/step" in m
     ]
@@ -406,19 +392,8 @@ def main() -> int:
     print(
         f"model {args.model} → {folder}, {data['rows']} prompts, in {time.perf_counter() - start:.1f} s; logs in {work}"
     )
-    result: dict[str, Any] = {
-        "benchmark": "end-to-end GRPO tokens/s, kuberl run ÷ verl main_ppo",
-        "date": time.strftime("%Y-%m-%d"),
-        "device": card or "cpu",
-        "model": args.model,
-        "model_folder": folder,
-        "versions": versions(PACKAGES),
-        "command": " ".join(sys.argv),
-        "work_dir": str(work),
-        "settings": job_settings(args, gpu, data),
-        "tokens": TOKENS,
-        "tokens_per_s": TOKENS_PER_S,
-    }
+    settings = job_settings(args, gpu, data)
+    result = result_header(BENCHMARK, args, card=card, folder=folder, work=work, settings=settings, packages=PACKAGES)
     rows = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
     for overlap in rows:
         suffix = "_overlap" if overlap else ""

@@ -107,21 +107,12 @@ def _load(name: str) -> dict[str, Any]:
 def measured_rows() -> list[Measured]:
     rows = [
         Measured(
-            "plan_accuracy_smollm2.json",
-            bench_spec(32, separate=False),
-            "smollm2",
-            "H200",
-            _load("plan_accuracy_smollm2.json")["measured"]["device_used_gib"],
-            "device",
-        ),
-        Measured(
-            "plan_accuracy_llama-1.1b.json",
-            bench_spec(32, separate=True),
-            "shape:llama-1.1b",
-            "H200",
-            _load("plan_accuracy_llama-1.1b.json")["measured"]["device_used_gib"],
-            "device",
-        ),
+            name, bench_spec(32, separate=separate), model, "H200", _load(name)["measured"]["device_used_gib"], "device"
+        )
+        for name, separate, model in (
+            ("plan_accuracy_smollm2.json", False, "smollm2"),
+            ("plan_accuracy_llama-1.1b.json", True, "shape:llama-1.1b"),
+        )
     ]
     for name in ("actor_mfu.json", "actor_mfu_profiled.json"):
         doc = _load(name)
