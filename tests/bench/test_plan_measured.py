@@ -47,6 +47,7 @@ NO_MEMORY_PEAK = {
     "grpo_1b_overlap.json": "no memory recorded",
     "grpo_smollm2.json": "reward curves, no memory",
     "rollout_vs_vllm.json": "generation alone, no RLJob",
+    "sandbox_throughput.json": "sandbox executions on CPUs, no GPU",
     "weight_sync.json": "the weight sync alone, no RLJob",
 }
 
