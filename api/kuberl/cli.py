@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -131,38 +132,23 @@ def _docs(args: argparse.Namespace) -> int:
 
 
 def _import_verl(args: argparse.Namespace) -> int:
-    import yaml
-
     from kuberl.api import yaml12
-    from kuberl.api.verl import VerlInputError, flatten, overrides_from_script, parse_overrides, to_rljob
+    from kuberl.api.verl import VerlInputError, VerlRefused, shown, to_rljob
+    from kuberl.api.verl_import import read_run
 
-    verl: dict[str, Any] = {}
     try:
-        for item in args.inputs:
-            if "=" in item and not Path(item).exists():
-                verl.update(parse_overrides([item]))
-                continue
-            text = sys.stdin.read() if item == "-" else Path(item).read_text()
-            try:
-                loaded = yaml12.load(text)
-            except yaml.YAMLError:
-                loaded = None
-            verl.update(flatten(loaded) if isinstance(loaded, dict) else overrides_from_script(text))
-    except OSError as exc:
-        print(f"error: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
+        env = dict(_key_value(item, "--env") for item in args.env)
+        run = read_run(args.inputs, env=env, verl_config=args.verl_config, read_stdin=sys.stdin.read)
+        imported = to_rljob(run.values, args.name, lossy=args.lossy, explicit=run.explicit)
+    except VerlRefused as exc:
+        for key, value, reason in exc.refusals:
+            print(f"error: {key}={shown(value)}: {reason}; kuberl cannot run it (--lossy drops it)", file=sys.stderr)
         return 2
     except VerlInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if not verl:
-        print("error: no verl keys found (expected key=value overrides or a verl YAML)", file=sys.stderr)
-        return 2
-    try:
-        imported = to_rljob(verl, args.name)
-    except VerlInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    text = yaml12.dump(imported.document)
+    document = imported.document
+    text = json.dumps(document, indent=2) + "\n" if args.output == "json" else yaml12.dump(document)
     if args.output_file == "-":
         sys.stdout.write(text)
     else:
@@ -173,14 +159,25 @@ def _import_verl(args: argparse.Namespace) -> int:
             return 2
         print(f"wrote {args.output_file}", file=sys.stderr)
     for key, value, reason in imported.unmapped:
-        print(f"not imported: {key}={value!r}: {reason}", file=sys.stderr)
-    for note in imported.notes:
+        print(f"not imported: {key}={shown(value)}: {reason}", file=sys.stderr)
+    for key, value, reason in imported.dropped:
+        print(f"dropped (--lossy): {key}={shown(value)}: {reason}", file=sys.stderr)
+    for note in [*run.notes, *imported.notes]:
         print(f"note: {note}", file=sys.stderr)
-    result = check(args.output_file if args.output_file != "-" else "<import>", imported.document)
+    result = check(args.output_file if args.output_file != "-" else "<import>", document)
     if not result.valid:
         print(_as_text(result), file=sys.stderr)
         return 1
     return 0
+
+
+def _key_value(item: str, option: str) -> tuple[str, str]:
+    from kuberl.api.verl import VerlInputError
+
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise VerlInputError(f"{option} {item!r}: expected KEY=VALUE, e.g. {option} HOME=/data")
+    return key, value
 
 
 def _trainer_command(name: str) -> Callable[[argparse.Namespace], int]:
@@ -218,9 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     import_verl = sub.add_parser(
         "import-verl",
-        help="turn a verl run (its key=value overrides, a launch script, or a verl YAML) into an RLJob",
-        description="Maps verl's keys through the table in docs/api.md; keys with no RLJob equivalent are listed "
-        "with the reason. The RLJob is validated; exit 1 when it needs edits.",
+        help="turn a verl run (a launch script, a verl YAML, or key=value overrides) into an RLJob",
+        description="Expands a launch script as bash would, composes the config it names with verl's own config "
+        "files (an installed verl, or --verl-config), and maps verl's keys through the table in docs/api.md. Keys "
+        "with no RLJob equivalent are listed with the reason; keys whose values kuberl cannot run (Megatron, "
+        "tensor/pipeline/sequence parallelism, SGLang) are refused, or dropped with --lossy. The RLJob is "
+        "validated: exit 1 when it needs edits, 2 when nothing was written.",
     )
     import_verl.add_argument(
         "inputs",
@@ -228,10 +228,30 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="INPUT",
         help="a verl launch script or YAML file ('-' for stdin), or key=value overrides applied in order",
     )
-    add_output_file_option(
-        import_verl, "where the RLJob YAML goes (default '-': stdout)", default="-", legacy=("--output", "-o")
+    add_output_file_option(import_verl, "where the RLJob goes (default '-': stdout)", default="-")
+    import_verl.add_argument(
+        "-o", "--output", choices=("yaml", "json"), default="yaml", help="format of the RLJob (default yaml)"
     )
     import_verl.add_argument("--name", help="metadata.name (default: trainer.experiment_name, else verl-import)")
+    import_verl.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a variable the script reads from its environment, or one whose value it computes with a command "
+        "kuberl does not run ($(pwd), $(date)); 1=VALUE is the script's first argument (repeatable)",
+    )
+    import_verl.add_argument(
+        "--lossy",
+        action="store_true",
+        help="import what kuberl cannot run as verl would (Megatron, TP/PP, Ulysses, SGLang) without it, listing "
+        "every key dropped",
+    )
+    import_verl.add_argument(
+        "--verl-config",
+        metavar="DIR",
+        help="verl's verl/trainer/config folder (default: the installed verl's), for its Hydra defaults",
+    )
     import_verl.set_defaults(func=_import_verl)
 
     crd = sub.add_parser("crd", help="write the RLJob CRD generated from the spec models and rules")
@@ -259,10 +279,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `cat` exits with when the reader of its output went away
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        inputs = getattr(args, "inputs", None)
+        if not isinstance(inputs, list) or any(e.startswith("-") or "=" not in e for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        inputs += extra  # import-verl: key=value overrides written after the options
     func: Callable[[argparse.Namespace], int] = args.func
-    return func(args)
+    try:
+        return func(args)
+    except BrokenPipeError:  # `kuberl ... | head -1`: stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

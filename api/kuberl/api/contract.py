@@ -16,6 +16,7 @@ VERSION = "v1alpha1"  # the one served (and stored) version
 KIND = "RLJob"  # the resource's kind
 PLURAL = "rljobs"  # the resource's plural, as in the REST path and `kubectl get rljobs`
 API_VERSION = f"{GROUP}/{VERSION}"  # apiVersion of an RLJob document
+MAX_NAME_LENGTH = 47  # longest RLJob name: KubeRay derives names up to 63 characters from the RayJob's (its limit)
 
 # --- KubeRay's RayJob, the child the operator creates -------------------------------------------------------------
 

@@ -14,7 +14,15 @@ from kuberl.api.crd import field_default
 from kuberl.api.rules import RULES, VERL_CHECKS
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import RLJobStatus
-from kuberl.api.verl import BLOG_NAMES, VERL_KEYS
+from kuberl.api.verl import BLOG_NAMES, VERL_KEYS, VerlKey
+
+
+def _verl_note(key: VerlKey) -> str:
+    if key.runs_as is None:
+        return key.note
+    values = ", ".join("null" if v is None else str(v) for v in key.runs_as)
+    return f"{key.note}; any value but {values} is refused (--lossy drops it)"
+
 
 # Algorithms: (name, verl's config, formula). Per response i of group g: r_i its summed reward, n_g the group's
 # size, |y_i| its masked tokens; per token ρ = π/π_old. Kept in step with kuberl.trainer.advantages / losses.
@@ -242,14 +250,16 @@ def api_markdown() -> str:
             "",
             "## From verl's keys",
             "",
-            "`kuberl import-verl` reads a verl run (its `key=value` overrides as on the command line of verl's "
-            "example scripts, a launch script, or a verl YAML) through this table and writes an RLJob; keys "
-            "without an RLJob field are listed with the reason shown here, never dropped silently. "
-            "`kuberl validate` points a verl name written into an RLJob (`rollout.n`) at its field.",
+            "`kuberl import-verl` reads a verl run (a launch script expanded as bash would, a verl YAML, or "
+            "`key=value` overrides, composed with verl's own config files when they are installed) through this "
+            "table and writes an RLJob; keys without an RLJob field are listed with the reason shown here, never "
+            "dropped silently, and a key whose value kuberl cannot run as verl does is refused unless `--lossy` "
+            "(docs/migrating-from-verl.md). `kuberl validate` points a verl name written into an RLJob "
+            "(`rollout.n`) at its field.",
             "",
             "| verl | RLJob | note |",
             "|---|---|---|",
-            *[f"| `{k.verl}` | {f'`{k.rljob}`' if k.rljob else '—'} | {_cell(k.note)} |" for k in VERL_KEYS],
+            *[f"| `{k.verl}` | {f'`{k.rljob}`' if k.rljob else '—'} | {_cell(_verl_note(k))} |" for k in VERL_KEYS],
             "",
             "## From names used in popular blog posts",
             "",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
 
-from kuberl.api.contract import CHECKPOINT_MOUNT
+from kuberl.api.contract import CHECKPOINT_MOUNT, MAX_NAME_LENGTH
 from kuberl.api.spec import AGENT_BUILTIN_TOOLS
 from kuberl.api.status import ACTIVE_PHASES
 
@@ -680,8 +680,10 @@ RULES: tuple[Rule, ...] = (
     Rule(
         id="name-fits-kuberay",
         field="metadata.name",
-        rule="size(self.metadata.name) <= 47 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
-        message="metadata.name ${self.metadata.name} must be at most 47 characters of lower-case letters, digits "
+        rule=f"size(self.metadata.name) <= {MAX_NAME_LENGTH}"
+        " && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        message="metadata.name ${self.metadata.name} must be at most "
+        f"{MAX_NAME_LENGTH} characters of lower-case letters, digits "
         "and '-', starting with a letter (KubeRay's RayJob name limit)",
         verl="ours",
         scope="root",
