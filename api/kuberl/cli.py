@@ -14,13 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from kuberl.api.cli_options import add_format_option, add_output_file_option
-from kuberl.api.documents import Checked, check, load_documents
+from kuberl.api.documents import Checked, check, load_documents, manifest_files
 from kuberl.api.overrides import add_set_argument
 from kuberl.api.validation import invalid_text, plural
+from kuberl.cluster.commands import add_commands as add_cluster_commands
+from kuberl.cluster.commands import add_target_options
 
 CRD_PATHS = (Path("crds/rljob.yaml"), Path("charts/kuberl/crds/rljob.yaml"))
 """The CRD and the Helm chart's copy of it, written together so they never differ."""
 DOCS_PATH = Path("docs/api.md")
+CHECKOUT_MARKER = Path("charts/kuberl/Chart.yaml")
+"""What makes the working folder a kuberl checkout, where `kuberl crd` and `kuberl docs` write by default."""
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -30,7 +34,7 @@ def _validate(args: argparse.Namespace) -> int:
     results: list[Checked] = []
     for path in args.files:
         try:
-            for source, doc in load_documents(path):
+            for source, doc in (d for f in manifest_files(path) for d in load_documents(f)):
                 rljob = doc if is_other_kind(doc) or not args.set else apply_overrides(doc, args.set)
                 results.append(check(source, rljob))
         except (OSError, ValueError) as exc:
@@ -118,16 +122,37 @@ def _write_or_check(paths: list[Path], content: str, check_only: bool, command: 
     return 0
 
 
+def _outside_checkout(command: str, paths: list[Path]) -> bool:
+    """True (with the message) when writing the default `paths` would create them in a folder that is no checkout."""
+    if CHECKOUT_MARKER.is_file():
+        return False
+    print(
+        f"error: `kuberl {command}` writes {', '.join(map(str, paths))} of a kuberl checkout, and {Path.cwd()} is "
+        "not one (no charts/kuberl/Chart.yaml): run it in the repository root, or name a file with --output-file "
+        "PATH ('-' for stdout)",
+        file=sys.stderr,
+    )
+    return True
+
+
 def _crd(args: argparse.Namespace) -> int:
     from kuberl.api.crd import crd_yaml
 
+    if args.apply:
+        from kuberl.cluster.commands import apply_crd
+
+        return apply_crd(args)
     paths = [Path(args.output_file)] if args.output_file else list(CRD_PATHS)
+    if not args.output_file and not args.check and _outside_checkout("crd", paths):
+        return 2
     return _write_or_check(paths, crd_yaml(), args.check, "crd")
 
 
 def _docs(args: argparse.Namespace) -> int:
     from kuberl.api.docs import api_markdown
 
+    if args.output_file == str(DOCS_PATH) and not args.check and _outside_checkout("docs", [DOCS_PATH]):
+        return 2
     return _write_or_check([Path(args.output_file)], api_markdown(), args.check, "docs")
 
 
@@ -208,7 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     validate = sub.add_parser("validate", help="check RLJob manifests offline with the admission rules")
-    validate.add_argument("files", nargs="+", help="YAML files, multi-document allowed")
+    validate.add_argument(
+        "files", nargs="+", help="YAML files (multi-document allowed), folders of them, or '-' for stdin"
+    )
     add_format_option(validate)
     add_set_argument(validate)
     validate.set_defaults(func=_validate)
@@ -259,6 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
         crd, "one file ('-' = stdout) instead of crds/ and the chart's crds/", legacy=("--output", "-o")
     )
     crd.add_argument("--check", action="store_true", help="exit 1 if the file is stale instead of writing it")
+    crd.add_argument(
+        "--apply",
+        action="store_true",
+        help="server-side apply the CRD to the cluster (before `helm upgrade`: Helm never upgrades crds/)",
+    )
+    crd.add_argument("--dry-run", action="store_true", help="with --apply: the apiserver checks it, nothing changes")
+    add_target_options(crd)
     crd.set_defaults(func=_crd)
 
     docs = sub.add_parser("docs", help="write docs/api.md generated from the spec models and rules")
@@ -271,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     docs.add_argument("--check", action="store_true", help="exit 1 if the file is stale instead of writing it")
     docs.set_defaults(func=_docs)
 
+    add_cluster_commands(sub)
     try:
         from kuberl.trainer.commands import add_commands
     except ImportError:  # the API-only install: no trainer commands

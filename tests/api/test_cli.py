@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import copy
+import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -205,3 +208,72 @@ def test_import_verl_of_a_missing_script_is_a_message(tmp_path: Path, capsys: py
 def test_validate_of_a_missing_file_is_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", str(tmp_path / "job.yaml")]) == 2
     assert "job.yaml" in capsys.readouterr().err
+
+
+# --- the rough edges of issue 39 ---------------------------------------------------------------------------------
+
+
+def test_validate_reads_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO((ROOT / "examples/tiny-cpu.yaml").read_text()))
+    assert main(["validate", "-"]) == 0
+    assert capsys.readouterr().out.startswith("<stdin>: RLJob tiny-cpu is valid")
+
+
+def test_validate_checks_every_yaml_of_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(BASE))
+    (tmp_path / "b.yml").write_text(yaml.safe_dump(INVALID_CASES[0].document))
+    (tmp_path / "notes.txt").write_text("not a manifest")
+    assert main(["validate", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"{tmp_path / 'a.yaml'}: RLJob base is valid" in out and f"{tmp_path / 'b.yml'}: RLJob" in out
+    assert "notes.txt" not in out
+
+
+def test_validate_of_an_empty_folder_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(tmp_path)]) == 2
+    assert "a folder with no .yaml or .yml file" in capsys.readouterr().err
+
+
+def test_a_yaml_error_names_the_file_not_unicode_string(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("spec:\n  batch: [unclosed\n")
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f'in "{path}", line 3' in err and "<unicode string>" not in err
+
+
+@pytest.mark.parametrize(
+    ("value", "hint"),
+    [
+        ("4GB", "'4GB' is not a Kubernetes quantity: write 4Gi (4 × 2^30 bytes) or 4G (4 × 10^9)"),
+        ("512MiB", "'512MiB' is not a Kubernetes quantity: write 512Mi (512 × 2^20 bytes)"),
+        ("lots", "'lots' is not a Kubernetes quantity: a number with an optional suffix"),
+    ],
+)
+def test_a_quantity_with_bytes_says_the_spelling_to_use(
+    value: str, hint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["validate", str(ROOT / "examples/tiny-cpu.yaml"), "--set", f"cluster.trainer.memory={value}"]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert hint in out and "^([+-]?" not in out
+
+
+@pytest.mark.parametrize("command", ["crd", "docs"])
+def test_crd_and_docs_outside_a_checkout_create_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main([command]) == 2
+    assert "is not one (no charts/kuberl/Chart.yaml): run it in the repository root" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_output_cut_short_by_the_reader_ends_quietly() -> None:
+    command = [sys.executable, "-m", "kuberl.cli", "docs", "--output-file", "-"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # `| head -0`: the reader is gone before the first line (Python starts in seconds)
+    assert process.wait(timeout=120) == 141
+    stderr = process.stderr.read().decode()
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr

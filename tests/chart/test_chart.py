@@ -4,6 +4,7 @@ monitors and dashboards behind their values, and a values schema that refuses wh
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -187,6 +188,28 @@ def test_a_single_replica_without_leader_election_never_runs_two_pods(rendered):
     assert deployment["spec"]["strategy"]["type"] == "Recreate"
     assert "--leader-elect" not in operator_container(objects)["args"]
     assert not [r for r in kinds(objects, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+
+
+def test_two_replicas_spread_over_nodes_and_a_drain_evicts_one_at_a_time(rendered):
+    deployment = one(rendered["defaults"], "Deployment")
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert deployment["spec"]["template"]["spec"]["topologySpreadConstraints"] == [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": selector},
+        }
+    ]
+    budget = one(rendered["defaults"], "PodDisruptionBudget")
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
+    assert budget["metadata"]["namespace"] == RELEASE_NAMESPACE
+
+
+def test_a_single_replica_has_no_budget_and_no_spread(rendered):
+    objects = rendered["single-replica"]
+    assert not kinds(objects, "PodDisruptionBudget")
+    assert "topologySpreadConstraints" not in one(objects, "Deployment")["spec"]["template"]["spec"]
 
 
 @pytest.mark.parametrize(
@@ -520,6 +543,21 @@ def test_notes_say_how_to_turn_monitors_on(helm: Path, helm_home: Path, tmp_path
     ).stdout
     assert "metrics.serviceMonitor.enabled=true" in out
     assert "in every namespace" in out
+    assert "run `kuberl crd --apply`" in out  # Helm never upgrades crds/
+
+
+def test_notes_name_the_kuberay_the_readme_installs_and_warn_of_an_unset_monitoring_namespace(
+    helm: Path, helm_home: Path
+):
+    readme = (REPO / "README.md").read_text()
+    version = re.search(r"kuberay-operator --repo \S+ \\\n\s+--version (\S+)", readme)
+    assert version is not None
+    args = ["install", "kuberl", str(CHART), "--dry-run=client", "--namespace", RELEASE_NAMESPACE]
+    out = run_helm(helm, helm_home, *args, "--set", "metrics.serviceMonitor.enabled=true").stdout
+    assert f"kuberay-operator --version {version.group(1)} --namespace kuberay-system" in out
+    assert "security.monitoringNamespace is empty" in out
+    out = run_helm(helm, helm_home, *args, "--set", "security.monitoringNamespace=monitoring").stdout
+    assert "security.monitoringNamespace is empty" not in out
 
 
 # ---- values.schema.json ----------------------------------------------------------------------------------------
@@ -544,6 +582,8 @@ BAD_VALUES = {
     "dashboard-label-not-a-string": ({"dashboards": {"labels": {"grafana_dashboard": 1}}}, "grafana_dashboard"),
     "resources-unknown-key": ({"operator": {"resources": {"request": {"cpu": "1"}}}}, "request"),
     "trainer-sa-name-invalid": ({"trainer": {"serviceAccount": {"name": "Trainer SA"}}}, "name"),
+    "spread-unknown-policy": ({"operator": {"topologySpread": {"whenUnsatisfiable": "Never"}}}, "whenUnsatisfiable"),
+    "budget-zero-unavailable": ({"operator": {"podDisruptionBudget": {"maxUnavailable": 0}}}, "maxUnavailable"),
 }
 
 

@@ -52,6 +52,8 @@ SPEC_PATH = f"{SPEC_DIR}/{SPEC_FILE}"  # the file the trainer reads
 
 CHECKPOINT_MOUNT = "/var/lib/kuberl/checkpoints"  # where the storage claim is mounted on the head and every worker;
 # a relative trainer.checkpointDir is resolved under it in the spec the pods read
+DRIVER_LOG = "logs/driver.log"  # under trainer.checkpointDir (the pods' view): the driver appends all it prints
+# there, each attempt after a header line, so that `kuberl logs` reads it after the head pod or the cluster is gone
 
 # --- environment of the Ray head pod (the driver runs there) -------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,22 +34,39 @@ class Checked:
         return not self.issues
 
 
-def load_documents(path: str | Path) -> list[tuple[str, Any]]:
-    """Every non-empty YAML document of `path`, labelled with where it came from."""
+STDIN = "-"
+MANIFEST_SUFFIXES = (".yaml", ".yml")
+
+
+def manifest_files(path: str | Path) -> list[Path]:
+    """`path` itself, or the YAML files of a folder (sorted; its subfolders are not read)."""
     path = Path(path)
+    if not path.is_dir():
+        return [path]
+    files = sorted(p for p in path.iterdir() if p.suffix in MANIFEST_SUFFIXES and p.is_file())
+    if not files:
+        raise ValueError(f"{path}: a folder with no .yaml or .yml file")
+    return files
+
+
+def load_documents(path: str | Path) -> list[tuple[str, Any]]:
+    """Every non-empty YAML document of `path` ('-': stdin), labelled with where it came from."""
+    source = "<stdin>" if str(path) == STDIN else str(path)
     try:
-        text = path.read_text()
+        text = sys.stdin.read() if str(path) == STDIN else Path(path).read_text()
+    except IsADirectoryError as exc:
+        raise ValueError(f"{source}: a folder; give its files, or the folder to `kuberl validate`") from exc
     except OSError as exc:
-        raise FileNotFoundError(f"{path}: cannot read: {exc.strerror}") from exc
+        raise FileNotFoundError(f"{source}: cannot read: {exc.strerror}") from exc
     try:
-        docs = [d for d in yaml12.load_all(text) if d is not None]
+        docs = [d for d in yaml12.load_all(text, source) if d is not None]
     except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from exc
+        raise ValueError(f"{source}: not valid YAML: {exc}") from exc
     if not docs:
-        raise ValueError(f"{path}: holds no YAML document (expected an RLJob)")
+        raise ValueError(f"{source}: holds no YAML document (expected an RLJob)")
     if len(docs) == 1:
-        return [(str(path), docs[0])]
-    return [(f"{path}#{i + 1}", doc) for i, doc in enumerate(docs)]
+        return [(source, docs[0])]
+    return [(f"{source}#{i + 1}", doc) for i, doc in enumerate(docs)]
 
 
 def is_other_kind(doc: Any) -> bool:

@@ -24,6 +24,15 @@ ACTIVE_PHASES = frozenset({Phase.PENDING, Phase.RUNNING, Phase.RESTARTING})
 """Phases in which batch and algorithm fields are immutable (a running trainer reads them)."""
 
 
+def duration_summary(seconds: int) -> str:
+    """2h05m, 4m10s, 35s: Progress.estimatedRemainingTimeSummary, and every duration `kuberl status` shows."""
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
 class ConditionType(StrEnum):
     VALID = "Valid"
     CREATED = "Created"

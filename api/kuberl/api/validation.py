@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 from kuberl.api import celfuncs
 from kuberl.api.contract import API_VERSION, KIND
 from kuberl.api.rules import POD_RULES, RULES, Rule
-from kuberl.api.spec import RLJobSpec
+from kuberl.api.spec import QUANTITY_PATTERN, RLJobSpec
 from kuberl.api.verl import suggestion_for
 
 
@@ -77,10 +77,33 @@ def schema_issues(error: ValidationError, model: type[BaseModel], prefix: str) -
             message = "unknown field" + _did_you_mean(model, loc)
         elif err["type"] == "missing":
             message = "required field is missing"
+        elif err["type"] == "string_pattern_mismatch" and err.get("ctx", {}).get("pattern") == QUANTITY_PATTERN:
+            message = quantity_message(str(err["input"]))
         elif "input" in err and err["type"] not in ("model_type", "dict_type"):
             message = f"{message} (got {err['input']!r})"
         issues.append(Issue(field_path(prefix, err["loc"]), message, "schema"))
     return issues
+
+
+QUANTITY_POWERS = {"K": 1, "M": 2, "G": 3, "T": 4, "P": 5}  # a suffix's power of 1024 (Ki) or 1000 (k)
+
+
+def quantity_message(value: str) -> str:
+    """Why `value` is not a Kubernetes quantity, with the spelling to use (`4GB` → 4Gi or 4G)."""
+    message = f"{value!r} is not a Kubernetes quantity"
+    in_bytes = re.fullmatch(r"\s*([0-9.]+)\s*([kKMGTP])(i?)B\s*", value)
+    if in_bytes is None:
+        return f"{message}: a number with an optional suffix, such as 16, 500m, 64Gi or 1.5G"
+    number, prefix, binary = in_bytes.groups()
+    prefix = prefix.upper()
+    power = QUANTITY_POWERS[prefix]
+    if binary:
+        return f"{message}: write {number}{prefix}i ({number} × 2^{10 * power} bytes); quantities have no B"
+    decimal = "k" if prefix == "K" else prefix
+    return (
+        f"{message}: write {number}{prefix}i ({number} × 2^{10 * power} bytes) or {number}{decimal} "
+        f"({number} × 10^{3 * power}); quantities have no B"
+    )
 
 
 def plural(count: int, noun: str, many: str | None = None) -> str:

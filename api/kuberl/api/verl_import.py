@@ -165,9 +165,9 @@ def _is_yaml(item: str, text: str) -> bool:
 def _read_yaml(item: str, text: str, reading: _Reading) -> None:
     source = "<stdin>" if item == "-" else item
     try:
-        config = yaml12.load(text)
+        config = yaml12.load(text, source)
     except yaml.YAMLError as exc:
-        raise VerlInputError(f"{source}: not valid YAML: {str(exc).replace('<unicode string>', source)}") from exc
+        raise VerlInputError(f"{source}: not valid YAML: {exc}") from exc
     if not isinstance(config, dict):
         raise VerlInputError(f"{source}: a verl config is a mapping of sections, got {type(config).__name__}")
     if "defaults" not in config and not set(config) & RL_SECTIONS:

@@ -6,6 +6,7 @@ loaded through this loader.
 
 from __future__ import annotations
 
+import io
 import re
 from typing import Any
 
@@ -20,12 +21,21 @@ _FLOAT_12 = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
 ManifestLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789"))
 
 
-def load(text: str) -> Any:
-    return yaml.load(text, Loader=ManifestLoader)  # a SafeLoader subclass
+def load(text: str, source: str | None = None) -> Any:
+    """`source` (a file name) is what a YAML error names instead of "<unicode string>"."""
+    return yaml.load(_named(text, source), Loader=ManifestLoader)  # a SafeLoader subclass
 
 
-def load_all(text: str) -> list[Any]:
-    return list(yaml.load_all(text, Loader=ManifestLoader))  # a SafeLoader subclass
+def load_all(text: str, source: str | None = None) -> list[Any]:
+    return list(yaml.load_all(_named(text, source), Loader=ManifestLoader))  # a SafeLoader subclass
+
+
+def _named(text: str, source: str | None) -> str | io.StringIO:
+    if source is None:
+        return text
+    stream = io.StringIO(text)
+    stream.name = source  # PyYAML's reader names the stream in its errors
+    return stream
 
 
 class ManifestDumper(yaml.SafeDumper):

@@ -25,7 +25,7 @@ from kuberl.api.contract import (
     VERSION,
     timestamp,
 )
-from kuberl.api.status import Failure, Progress
+from kuberl.api.status import Failure, Progress, duration_summary
 
 log = logging.getLogger(__name__)
 
@@ -34,15 +34,6 @@ TOKEN_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
 def in_cluster() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and TOKEN_FILE.is_file()
-
-
-def duration_summary(seconds: int) -> str:
-    """2h05m, 4m10s, 35s: what `kubectl get rljobs` shows as ETA."""
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def progress_estimate(step: int, total: int | None, start: tuple[float, int], now: float) -> dict[str, Any]:
