@@ -80,6 +80,29 @@ GPUS_MIB: dict[str, int] = {
 }
 """Total memory as nvidia-smi reports it. Names match the `nvidia.com/gpu.product` node label by substring."""
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_LABELS = (GPU_PRODUCT_LABEL, "cloud.google.com/gke-accelerator")
+"""Node labels that name the GPU model: NVIDIA's GPU feature discovery (`NVIDIA-H100-80GB-HBM3`), GKE's
+(`nvidia-h200-141gb`, `nvidia-tesla-a100`)."""
+INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
+INSTANCE_GPUS: dict[str, str] = {
+    "p5.": "H100-80GB",  # AWS
+    "p5e.": "H200",
+    "p5en.": "H200",
+    "p4d.": "A100-40GB",
+    "p4de.": "A100-80GB",
+    "g6e.": "L40S",
+    "g6.": "L4",
+    "g5.": "A10G",
+    "a3-highgpu": "H100-80GB",  # GCP
+    "a3-megagpu": "H100-80GB",
+    "a3-ultragpu": "H200",
+    "a2-highgpu": "A100-40GB",
+    "a2-ultragpu": "A100-80GB",
+    "g2-standard": "L4",
+}
+"""Instance types (their prefix) whose GPUs are of one model, for node selectors on the instance type."""
+GPU_LABEL_ALIASES = {"NVIDIA-TESLA-A100": "A100-40GB", "NVIDIA-H100-MEGA-80GB": "H100-80GB"}
+"""GKE's names that carry no size (`nvidia-tesla-a100` is the 40 GB A100)."""
 
 Layout = Literal["colocated", "shared", "disjoint", "pools"]
 """Where the rollout runs (kuberl.trainer.rollout.layout decides it): in the trainer's process, in its own process
@@ -146,10 +169,19 @@ def gpu_named(name: str) -> GPU:
 
 
 def gpu_of(spec: RLJobSpec, pool: str = "trainer") -> GPU | None:
-    """The GPU the spec's node selector names, if it does."""
+    """The GPU the pool's node selector names, if it does: a GPU label, or an instance type of one GPU model."""
     node_pool = spec.cluster.rollout if pool == "rollout" and spec.cluster.rollout else spec.cluster.trainer
-    product = node_pool.node_selector.get(GPU_PRODUCT_LABEL)
-    return gpu_named(product) if product else None
+    selector = node_pool.node_selector
+    for label in GPU_LABELS:
+        if label in selector:
+            product = selector[label]
+            return gpu_named(GPU_LABEL_ALIASES.get(product.upper(), product))
+    for label in INSTANCE_TYPE_LABELS:
+        instance = selector.get(label, "")
+        known = next((gpu for prefix, gpu in INSTANCE_GPUS.items() if instance.startswith(prefix)), None)
+        if known is not None:
+            return gpu_named(known)
+    return None
 
 
 @dataclass(frozen=True)

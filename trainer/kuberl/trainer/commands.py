@@ -12,8 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kuberl.api.cli_options import add_format_option, add_output_file_option
-from kuberl.api.memory import GPU_PRODUCT_LABEL
+from kuberl.api.memory import GPU_LABELS
 from kuberl.api.overrides import add_set_argument
+from kuberl.api.spec import RLJobSpec
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -37,7 +38,7 @@ def add_commands(
         "plan",
         help="per-GPU memory of each role and phase before launch: does it fit, the largest micro-batch that does",
         description="Reads the model's shape (tiny://, GGUF, config.json) without loading weights. The GPU comes "
-        f"from the pool's {GPU_PRODUCT_LABEL} node selector or --gpu.",
+        f"from the pool's node selector ({', '.join(GPU_LABELS)}, or an instance type of one GPU model) or --gpu.",
     )
     plan_p.add_argument("file", help="RLJob YAML (one document)")
     plan_p.add_argument("--gpu", help="GPU model (H200, H100-80GB, A100-40GB, ...) or memory size (80GiB)")
@@ -47,6 +48,12 @@ def add_commands(
         help="GPUs of the machine or Ray cluster the job runs on (kuberl run: this machine's); with placement "
         "separate, fewer than trainer + rollout ask puts the engines on the trainer's GPUs (the shared layout). "
         "Default: a cluster with the node pools the RLJob asks for",
+    )
+    plan_p.add_argument(
+        "--model",
+        metavar="SOURCE",
+        help="read the model's shape here instead of model.path, which may exist only in the pods: a local copy of "
+        "its folder or config.json, hf://ORG/NAME, a .gguf file",
     )
     add_format_option(plan_p)
     add_set_argument(plan_p)
@@ -163,7 +170,7 @@ def plan(args: argparse.Namespace) -> int:
     try:
         gpu = gpu_named(args.gpu) if args.gpu else gpu_of(spec)
         rollout_gpu = gpu_named(args.gpu) if args.gpu else gpu_of(spec, "rollout")
-        shape = model_shape(spec.model.path)
+        shape = model_shape(args.model or spec.model.path)
         layout = (
             None
             if args.gpus is None
@@ -173,11 +180,12 @@ def plan(args: argparse.Namespace) -> int:
         print(f"error: {args.file}: {exc}", file=sys.stderr)
         return 1
     except (ModelNotFoundError, ValueError, KeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {exc}{pod_only_hint(spec) if not args.model else ''}", file=sys.stderr)
         return 2
     if gpu is None:
         print(
-            f"error: {args.file} names no GPU (node selector {GPU_PRODUCT_LABEL}); pass --gpu, e.g. --gpu H100-80GB",
+            f"error: {args.file} names no GPU (node selector {' or '.join(GPU_LABELS)}, or an instance type); pass "
+            "--gpu, e.g. --gpu H100-80GB",
             file=sys.stderr,
         )
         return 2
@@ -187,6 +195,19 @@ def plan(args: argparse.Namespace) -> int:
     else:
         print(format_plan(name, result))
     return 0 if result.fits else 1
+
+
+def pod_only_hint(spec: RLJobSpec) -> str:
+    """For a model.path on a volume the pods mount: it is not here, and --model gives its shape instead."""
+    path = spec.model.path
+    mount = next((m for m in spec.cluster.volume_mounts if path.startswith(m.mount_path.rstrip("/") + "/")), None)
+    if mount is None:
+        return ""
+    return (
+        f"\nmodel.path {path} is on the volume {mount.name} of the pods, not on this machine: read the model's "
+        f"shape elsewhere with --model, e.g. --model hf://ORG/{path.rstrip('/').rsplit('/', 1)[-1]} or a local "
+        "folder holding its config.json"
+    )
 
 
 def rljob_name(path: str) -> str:
