@@ -18,6 +18,7 @@ and metrics wrap it in :meth:`Trainer.fit`. With ``rollout.overlap: oneStepOffPo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ from kuberl.api.contract import (
     TRAINER_MODULE,
 )
 from kuberl.api.status import FailureClass
+from kuberl.trainer import driver_log
 from kuberl.trainer.advantages import compute_advantages
 from kuberl.trainer.checkpointer import Checkpointer
 from kuberl.trainer.cluster import Cluster
@@ -654,7 +656,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """``python -m kuberl.trainer.run --spec-file spec.json --name NAME --namespace NS`` (the RayJob entrypoint)."""
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     text = Path(args.spec_file).read_text()
     try:
         raw = json.loads(text)
@@ -663,6 +664,14 @@ def main(argv: list[str] | None = None) -> int:
 
         raw = yaml.safe_load(text)
     raw = raw.get("spec", raw) if isinstance(raw, dict) and "apiVersion" in raw else raw
+    checkpoint_dir = (raw.get("trainer") or {}).get("checkpointDir") if isinstance(raw, dict) else None
+    with driver_log.teed(checkpoint_dir, args.name) if checkpoint_dir else contextlib.nullcontext():
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+        return _run_entrypoint(args, raw)
+
+
+def _run_entrypoint(args: argparse.Namespace, raw: Any) -> int:
+    """Train the entrypoint's spec; a failure is reported in status.progress.failure before it ends the attempt."""
     try:
         spec = parse_spec(raw, source=args.spec_file)
         return run_job(
