@@ -221,12 +221,13 @@ def rljob_name(path: str) -> str:
 
 
 def export(args: argparse.Namespace) -> int:
-    from kuberl.trainer.export import ExportError, export_checkpoint, find_checkpoint
+    from kuberl.trainer.export import ExportError, export_checkpoint, find_checkpoint, run_record
 
     try:
         checkpoint = find_checkpoint(args.checkpoint)
+        spec = run_record(Path(args.checkpoint)).get("spec")
         out = export_checkpoint(
-            checkpoint, args.out, dtype=args.dtype, max_shard_size=args.max_shard_size, force=args.force
+            checkpoint, args.out, dtype=args.dtype, max_shard_size=args.max_shard_size, force=args.force, spec=spec
         )
     except ExportError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -12,21 +12,29 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from kuberl.trainer import checkpoint as ckpt
 from kuberl.trainer.metrics import RUN_RECORD
+from kuberl.trainer.model_card import model_card
 
 
 class ExportError(ValueError):
     """The source holds no checkpoint, or the target exists."""
 
 
-def checkpoint_dir_of_run(run_dir: Path) -> Path | None:
-    """The checkpointDir a ``kuberl run`` folder recorded, as an absolute path; None when it recorded none."""
+def run_record(run_dir: Path) -> dict[str, Any]:
+    """What a ``kuberl run`` folder recorded (its RLJob, spec and checkpointDir); empty for another folder."""
     record = run_dir / RUN_RECORD
     if not record.is_file():
-        return None
-    folder = json.loads(record.read_text()).get("checkpointDir")
+        return {}
+    data: dict[str, Any] = json.loads(record.read_text())
+    return data
+
+
+def checkpoint_dir_of_run(run_dir: Path) -> Path | None:
+    """The checkpointDir a ``kuberl run`` folder recorded, as an absolute path; None when it recorded none."""
+    folder = run_record(run_dir).get("checkpointDir")
     return Path(folder) if folder else None
 
 
@@ -60,8 +68,16 @@ def file_mode() -> int:
 
 
 def export_checkpoint(
-    checkpoint: Path, out: str | Path, *, dtype: str = "bfloat16", max_shard_size: str = "5GB", force: bool = False
+    checkpoint: Path,
+    out: str | Path,
+    *,
+    dtype: str = "bfloat16",
+    max_shard_size: str = "5GB",
+    force: bool = False,
+    spec: dict[str, Any] | None = None,
 ) -> Path:
+    """The policy of `checkpoint` as a Hugging Face folder with a model card (README.md; richer with the run's
+    `spec`)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -88,6 +104,7 @@ def export_checkpoint(
     try:
         model.save_pretrained(staging, max_shard_size=max_shard_size)
         AutoTokenizer.from_pretrained(actor / "hf").save_pretrained(staging)
+        (staging / "README.md").write_text(model_card(checkpoint, ckpt.read_state(checkpoint), spec, dtype))
         mode = file_mode()  # safetensors writes 0600; a model folder is for others to read
         for path in staging.iterdir():
             path.chmod(mode)

@@ -218,7 +218,7 @@ class Trainer:
             initial=self.global_step,
             desc=self.name,
             unit="step",
-            disable=not self.show_progress,
+            disable=not (self.show_progress and sys.stderr.isatty()),  # in a log file it interleaves with steps
             file=sys.stderr,
             dynamic_ncols=True,
         )
@@ -625,20 +625,51 @@ def run_job(
         name, spec, run_dir=folder, namespace=namespace, address=address, steps=steps, show_progress=show_progress
     )
     started = time.time()
+    first_step: int | None = None
     try:
         trainer.setup()
+        first_step = trainer.global_step
         code = trainer.fit()
     finally:
         trainer.shutdown()
     print(
-        f"run {name}: {trainer.global_step} steps in {time.time() - started:.1f} s; metrics in "
-        f"{folder / 'metrics.jsonl'}; last checkpoint {trainer.last_checkpoint}"
+        run_summary(
+            name,
+            folder,
+            first_step or 0,
+            trainer.global_step,
+            trainer.total_steps,
+            time.time() - started,
+            trainer.last_checkpoint,
+        )
     )
     if code == EXIT_STOPPED:  # exit now: Ray's exit hooks would wait a minute for a GCS that SIGTERM stopped
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def run_summary(
+    name: str, folder: Path, first: int, last: int, total: int, seconds: float, checkpoint: str | None
+) -> str:
+    """The run's last line: the steps this run trained (none when it resumed at totalSteps), where its metrics
+    are, and how to get the trained policy out of the checkpoint (trainer state, not a model folder)."""
+    if last == first and first >= total:
+        trained = (
+            f"nothing to train: resumed at step {first}, which is trainer.totalSteps ({total}); raise it, or delete "
+            f"{checkpoint or 'the checkpoints'} to start over"
+        )
+    else:
+        resumed = f" (resumed at step {first})" if first else ""
+        trained = f"{last - first} steps{resumed} in {seconds:.1f} s, now at step {last} of {total}"
+    lines = [f"run {name}: {trained}; metrics in {folder / 'metrics.jsonl'}"]
+    if checkpoint:
+        lines.append(
+            f"last checkpoint {checkpoint} (trainer state); the policy as a Hugging Face folder: "
+            f"kuberl export {folder} {Path('hf') / name}"
+        )
+    return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
