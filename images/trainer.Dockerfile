@@ -32,9 +32,10 @@ COPY api/ api/
 COPY operator/ operator/
 COPY sandbox/ sandbox/
 COPY trainer/ trainer/
-# kuberl[gpu] = kuberl[trainer] + vllm==0.26.0 + nvidia-ml-py; Ray 2.60 with [default] (dashboard, metrics agent)
-RUN pip install ".[gpu]" \
- && python -c "import torch, vllm, ray, kuberl.trainer; assert torch.version.cuda.startswith('13.'), torch.version.cuda; assert vllm.__version__ == '0.26.0', vllm.__version__; assert ray.__version__.startswith('2.60'), ray.__version__" \
+# kuberl[gpu] = kuberl[trainer] + vllm==0.26.0 + nvidia-ml-py; Ray 2.60 with [default] (dashboard, metrics agent);
+# kuberl[wandb] for trainer.loggers wandb (mlflow needs no package: the trainer uses its REST API)
+RUN pip install ".[gpu,wandb]" \
+ && python -c "import torch, vllm, ray, wandb, kuberl.trainer; assert torch.version.cuda.startswith('13.'), torch.version.cuda; assert vllm.__version__ == '0.26.0', vllm.__version__; assert ray.__version__.startswith('2.60'), ray.__version__" \
  && rm -rf /src
 
 # Ray's convention (KubeRay's images): uid 1000, writable home; Ray writes /tmp/ray and the session logs there.

@@ -667,6 +667,19 @@ INVALID_CASES += [
         _set("spec.reward.model", {"path": "gs://bucket/rm"}),
     ),
     _case(
+        "mlflow-logger-without-a-server",
+        "spec.trainer.tracking",
+        "mlflow-needs-a-server",
+        lambda doc: doc["spec"].setdefault("trainer", {}).update(loggers=["console", "mlflow"]),
+        "trainer.tracking.mlflowTrackingURI is not set",
+    ),
+    _case(
+        "mlflow-tracking-uri-not-http",
+        "spec.trainer.tracking.mlflowTrackingURI",
+        "schema",
+        lambda doc: doc["spec"].setdefault("trainer", {}).update(tracking={"mlflowTrackingURI": "mlflow:5000"}),
+    ),
+    _case(
         "reward-on-error-zero-with-model",
         "spec.reward.onError",
         "reward-on-error-needs-function",

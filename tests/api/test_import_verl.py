@@ -594,3 +594,22 @@ def test_a_broken_verl_yaml_names_the_file_and_line(tmp_path: Path, capsys: pyte
     assert main(["import-verl", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"{path}: not valid YAML" in err and "line 3" in err and "<unicode string>" not in err
+
+
+def test_project_and_experiment_names_and_loggers_reach_the_trackers() -> None:
+    imported = to_rljob(
+        {
+            "trainer.project_name": "verl_grpo_example_gsm8k",
+            "trainer.experiment_name": "Qwen2.5-7B GRPO (lr 1e-6)",
+            "trainer.logger": ["console", "wandb", "mlflow", "swanlab"],
+        }
+    )
+    trainer = imported.document["spec"]["trainer"]
+    assert trainer["tracking"] == {"project": "verl_grpo_example_gsm8k", "runName": "Qwen2.5-7B GRPO (lr 1e-6)"}
+    assert trainer["loggers"] == ["console", "wandb", "mlflow"]
+    assert imported.document["metadata"]["name"] == "qwen2-5-7b-grpo-lr-1e-6"
+    assert (
+        "trainer.logger",
+        "swanlab",
+        "a logger kuberl has not (it has console, jsonl, tensorboard, wandb, mlflow)",
+    ) in (imported.unmapped)

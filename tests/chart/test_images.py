@@ -36,10 +36,10 @@ def test_operator_image_is_python_311_slim_non_root_and_runs_the_operator_module
     assert "[gpu]" not in text and "[trainer]" not in text
 
 
-def test_trainer_image_installs_the_gpu_extra_on_a_cuda_base():
+def test_trainer_image_installs_the_gpu_and_wandb_extras_on_a_cuda_base():
     text = dockerfile("trainer.Dockerfile")
     assert re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:\S+-devel-ubuntu24\.04$", text, re.M)
-    assert 'pip install ".[gpu]"' in text
+    assert 'pip install ".[gpu,wandb]"' in text and "import torch, vllm, ray, wandb" in text
     assert "vllm.__version__ == '0.26.0'" in text and "ray.__version__.startswith('2.60')" in text
     assert re.search(r"^USER 1000$", text, re.M)
 

@@ -661,6 +661,14 @@ RULES: tuple[Rule, ...] = (
     ),
     # --- rewards and numerics (issue 14) ---
     Rule(
+        id="mlflow-needs-a-server",
+        field="trainer.tracking",
+        rule="!('mlflow' in self.trainer.loggers) || has(self.trainer.tracking.mlflowTrackingURI)",
+        message="trainer.loggers names mlflow but trainer.tracking.mlflowTrackingURI is not set: give the tracking "
+        "server's URL (http://mlflow.mlflow.svc:5000)",
+        verl="ours",
+    ),
+    Rule(
         id="reward-on-error-needs-function",
         field="reward.onError",
         rule="self.reward.onError == 'fail' || !has(self.reward.model)",

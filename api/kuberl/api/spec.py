@@ -591,7 +591,25 @@ class Critic(SpecModel):
 # --- trainer loop ------------------------------------------------------------------
 
 
-Logger = Literal["console", "jsonl", "tensorboard", "wandb"]
+Logger = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]
+
+
+class Tracking(SpecModel):
+    """Where the wandb and mlflow loggers send a run, and under which names."""
+
+    project: ShortStr = Field(
+        "kuberl", description="W&B project and MLflow experiment of the run (verl's trainer.project_name)."
+    )
+    run_name: ShortStr | None = Field(
+        None, description="The run's name in W&B and MLflow; default the RLJob's name (verl's trainer.experiment_name)."
+    )
+    mlflow_tracking_uri: Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^https?://")] | None = Field(
+        None,
+        alias="mlflowTrackingURI",
+        description="The MLflow tracking server the mlflow logger sends to, http(s)://HOST[:PORT][/PATH]; its "
+        "credentials, if any, in MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN from a Secret "
+        "(cluster.env valueFrom). W&B goes online when WANDB_API_KEY is set the same way, else it writes offline.",
+    )
 
 
 class Trainer(SpecModel):
@@ -626,9 +644,10 @@ class Trainer(SpecModel):
     )
     loggers: list[Logger] = Field(
         default_factory=lambda: list[Logger](["console", "jsonl"]),
-        max_length=4,
+        max_length=5,
         description="Metric sinks besides Prometheus.",
     )
+    tracking: Tracking = Field(default_factory=Tracking, description="Project, run name and servers of W&B and MLflow.")
     metrics_port: int = Field(9400, ge=0, le=65535, description="Prometheus endpoint of the trainer (0 disables).")
     max_consecutive_skipped_steps: int = Field(
         10,

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from kuberl.api import yaml12
 from kuberl.api.contract import API_VERSION, KIND, MAX_NAME_LENGTH
 from kuberl.api.rules import HUB_ID
-from kuberl.api.spec import RLJobSpec
+from kuberl.api.spec import Logger, RLJobSpec
 from kuberl.api.verl_shell import Unknown
 
 ARR = "actor_rollout_ref"
@@ -389,9 +389,18 @@ VERL_KEYS: list[VerlKey] = [
     ),
     _key("trainer.resume_from_path", "trainer.resume", "the global_step_N folder"),
     _key("trainer.max_actor_ckpt_to_keep", "trainer.maxCheckpoints"),
-    _key("trainer.logger", "trainer.loggers", "console, jsonl, tensorboard, wandb", as_list=True),
-    _key("trainer.experiment_name", "metadata.name", "as a Kubernetes name (lower case, '-', at most 47)"),
-    _key("trainer.project_name", None, "group runs by namespace or labels"),
+    _key(
+        "trainer.logger",
+        "trainer.loggers",
+        "console, jsonl, tensorboard, wandb, mlflow; verl's others (swanlab, clearml, …) are listed, not imported",
+        as_list=True,
+    ),
+    _key(
+        "trainer.experiment_name",
+        "metadata.name",
+        "as a Kubernetes name (lower case, '-', at most 47); as written: trainer.tracking.runName",
+    ),
+    _key("trainer.project_name", "trainer.tracking.project", "W&B project and MLflow experiment"),
     _key("trainer.critic_warmup", None, "no critic warm-up phase", runs_as=(0, None)),
     _key("trainer.val_only", None, "kuberl trains; validation runs with trainer.testFreq", runs_as=(False,)),
     _key("trainer.use_v1", None, "verl's trainer generation; kuberl has one trainer"),
@@ -603,7 +612,16 @@ def to_rljob(
         elif key == "trainer.experiment_name":
             if name is None:
                 result.document["metadata"]["name"] = kubernetes_name(str(value))
+            _put(spec, "trainer.tracking.runName", str(value))
             continue
+        elif key == "trainer.logger":
+            loggers = value if isinstance(value, list) else [value]
+            value = [v for v in loggers if v in TRACKERS]
+            result.unmapped += [
+                (key, v, "a logger kuberl has not (it has " + ", ".join(TRACKERS) + ")")
+                for v in loggers
+                if v not in TRACKERS
+            ]
         elif key in (LORA_RANK, f"{MULTI_TURN}.enable") and not value:
             continue
         elif key == f"{MULTI_TURN}.enable":
@@ -632,6 +650,7 @@ def to_rljob(
 
 
 MISSING_VALUE = "???"  # OmegaConf's mandatory value: verl's defaults leave it for the run to set
+TRACKERS = get_args(Logger)
 
 
 def _positive(value: Any) -> bool:

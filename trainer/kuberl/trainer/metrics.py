@@ -33,6 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from kuberl.api.spec import Tracking
+from kuberl.trainer.tracking import MlflowSink, WandbSink, params_of
+
 log = logging.getLogger(__name__)
 
 GPU_KEY = re.compile(r"^gpu/(\d+)/(\w+)$")
@@ -260,21 +263,6 @@ class TensorBoardSink:
         self.writer.close()
 
 
-class WandbSink:
-    """W&B in offline mode (nothing leaves the machine; ``wandb sync`` uploads later)."""
-
-    def __init__(self, folder: Path, name: str, config: dict[str, Any]) -> None:
-        import wandb
-
-        self.run = wandb.init(project="kuberl", name=name, dir=str(folder), mode="offline", config=config)
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        self.run.log(metrics, step=step)
-
-    def close(self) -> None:
-        self.run.finish()
-
-
 RUN_RECORD = "rljob.json"
 
 
@@ -322,8 +310,11 @@ class MetricsLogger:
         ]
         if "tensorboard" in loggers:
             optional.append(("tensorboard", lambda: TensorBoardSink(run_dir / "tensorboard")))
+        tracking = Tracking.model_validate((config or {}).get("trainer", {}).get("tracking", {}))
         if "wandb" in loggers:
-            optional.append(("wandb", lambda: WandbSink(run_dir, rljob, config or {})))
+            optional.append(("wandb", lambda: WandbSink(run_dir, rljob, tracking, config or {})))
+        if "mlflow" in loggers:
+            optional.append(("mlflow", lambda: MlflowSink(rljob, namespace, tracking, params_of(config or {}))))
         for name, make in optional:
             if name == "prometheus" and metrics_port == 0:
                 continue
