@@ -47,7 +47,9 @@ def test_chunked_values_and_gradients_equal_the_full_logits(chunk):
 
     out = token_log_probs(hidden, head, targets, temperature=0.7, with_entropy=True, chunk_tokens=chunk)
     torch.testing.assert_close(out["log_probs"], full_lp, atol=1e-5, rtol=1e-6)
-    torch.testing.assert_close(out["entropy"], full_ent, atol=1e-5, rtol=1e-6)
+    # entropy is logsumexp - sum(p * z): a difference of two float32 numbers near max|z| ~ 20 here, so the order of
+    # the sums alone moves it by a few units of 20 * 2**-23 (1.3e-5 seen on CI's CPU)
+    torch.testing.assert_close(out["entropy"], full_ent, atol=5e-5, rtol=1e-6)
     (out["log_probs"].sum() + 0.3 * out["entropy"].sum()).backward()
     torch.testing.assert_close(hidden.grad, full_grads[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(head.weight.grad, full_grads[1], atol=1e-5, rtol=1e-5)
