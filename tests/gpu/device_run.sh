@@ -20,6 +20,7 @@ OUT=${OUT:-/tmp/kuberl-gpu-out}
 mkdir -p "$OUT"
 ROOT=$(pwd)
 SITE=/root/site
+TRL_SITE=/root/trl-site  # TRL for bench-trl only (install)
 RESULTS=/root/results  # benchmark JSON kept on the machine between calls (--merge-with), copied to $OUT
 mkdir -p "$RESULTS"
 export KUBERL_CACHE_DIR=/root/kuberl-cache
@@ -43,8 +44,16 @@ install() {
   done
   (cd /root/extra && sha256sum -c EXTRA_SHA256SUMS) 2>&1 | tee -a "$OUT/session.log" \
     | grep -q -e FAILED -e "No such file" && { log "extra wheels: sha256 mismatch or missing"; return 2; }
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" --upgrade /root/extra/*.whl \
+  # TRL and its datasets go to a site of their own, on the PYTHONPATH of bench-trl only: verl imports trl's value-head
+  # model whenever trl is importable (verl/models/transformers/monkey_patch.py) and fails on TRL 1.16
+  local trl_wheels=(/root/extra/trl-*.whl /root/extra/datasets-*.whl /root/extra/multiprocess-*.whl) wheel others=()
+  for wheel in /root/extra/*.whl; do
+    [[ " ${trl_wheels[*]} " == *" $wheel "* ]] || others+=("$wheel")
+  done
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" --upgrade "${others[@]}" \
     >> "$OUT/install.log" 2>&1 || { log "extra wheels failed"; return 1; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$TRL_SITE" --upgrade "${trl_wheels[@]}" \
+    >> "$OUT/install.log" 2>&1 || { log "TRL wheels failed"; return 1; }
   log "install: done"
 }
 
@@ -174,7 +183,7 @@ plan_accuracy() {
 bench_trl() {
   log "bench grpo_vs_trl"
   # shellcheck disable=SC2086
-  timeout "${TRL_TIMEOUT:-590}" python3 bench/grpo_vs_trl.py --out "$RESULTS/${TRL_NAME:-grpo_vs_trl}.json" \
+  PYTHONPATH="$TRL_SITE:$PYTHONPATH" timeout "${TRL_TIMEOUT:-590}" python3 bench/grpo_vs_trl.py --out "$RESULTS/${TRL_NAME:-grpo_vs_trl}.json" \
     ${TRL_ARGS:-} 2>&1 | grep -v -e "^INFO" -e "^(EngineCore" -e "^WARNING" | tail -40 >> "$OUT/bench.log"
   log "bench grpo_vs_trl: exit ${PIPESTATUS[0]}"
   cp "$RESULTS"/*.json "$OUT/" 2>/dev/null
