@@ -85,6 +85,61 @@ def test_gspo_gives_every_token_the_sequence_ratio_as_its_gradient_weight() -> N
     close(metrics["pg_clipfrac"], 0.0)
 
 
+# A 3×5 batch where the modes differ (issue 38): sequence ratios s = 1.1 (5 tokens, A = +1, inside the clip band),
+# 0.5 (2 tokens, A = −1: clipped to 0.8), 1.5 (1 token, A = +2: clipped to 1.2); padding holds 7.0.
+# Token losses: −1.1 ×5, max(0.5, 0.8) = 0.8 ×2, max(−3.0, −2.4) = −2.4 ×1.
+# seq-mean-token-mean: (−1.1 + 0.8 − 2.4)/3 = −0.9 (GSPO's; verl's compute_policy_loss_gspo gives the same);
+# token-mean would be (−5.5 + 1.6 − 2.4)/8 = −0.7875.
+GSPO_3X5_LP = torch.tensor(
+    [[math.log(1.1)] * 5, [math.log(0.5)] * 2 + [7.0] * 3, [math.log(1.5)] + [7.0] * 4], dtype=torch.float64
+)
+GSPO_3X5_ADV = torch.tensor([[1.0] * 5, [-1.0] * 5, [2.0] * 5], dtype=torch.float64)
+GSPO_3X5_MASK = torch.tensor([[1] * 5, [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]])
+
+
+@pytest.mark.parametrize(
+    "agg_mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+)
+def test_gspo_trains_the_papers_objective_whatever_loss_agg_mode_says(agg_mode: str) -> None:
+    loss, _, _ = run("gspo", GSPO_3X5_LP, torch.zeros_like(GSPO_3X5_LP), GSPO_3X5_ADV, GSPO_3X5_MASK, agg_mode)
+    close(loss, -0.9)
+
+
+def test_an_imported_verl_gspo_run_trains_verls_objective() -> None:
+    from kuberl.api.verl import to_rljob
+
+    prefix = "actor_rollout_ref.actor."
+    imported = to_rljob({f"{prefix}policy_loss.loss_mode": "gspo", f"{prefix}loss_agg_mode": "token-mean"})
+    algorithm = Algorithm.model_validate(imported.document["spec"]["algorithm"])
+    lp = GSPO_3X5_LP.clone().requires_grad_(True)
+    loss, _ = policy_loss(
+        lp,
+        torch.zeros_like(lp),
+        GSPO_3X5_ADV,
+        GSPO_3X5_MASK,
+        config=PolicyLossConfig.from_spec(algorithm),
+        agg_mode=algorithm.loss_agg_mode,
+        batch_tokens=float(GSPO_3X5_MASK.sum()),
+        batch_seqs=3.0,
+    )
+    close(loss.detach(), -0.9)
+
+
+@pytest.mark.parametrize("mode", ["vanilla", "gpg", "clip_cov", "kl_cov", "cispo"])
+def test_the_other_token_losses_follow_loss_agg_mode_as_in_verl(mode: str) -> None:
+    # verl's compute_policy_loss_{vanilla,gpg,clip_cov,kl_cov,cispo} call agg_loss with loss_agg_mode. With ratio 1
+    # (no clip; kl_cov's penalty ppo_kl_coef·|log ρ| is 0, clip_cov's band holds no token) each token's loss is
+    # −A·w, so the two modes give −(5 − 2 + 2)/8·w and −(1 − 1 + 2)/3·w
+    lp = torch.where(GSPO_3X5_MASK.bool(), torch.full_like(GSPO_3X5_LP, -1.0), GSPO_3X5_LP)
+    weight = -1.0 if mode in ("gpg", "cispo") else 1.0  # these multiply by log π = −1 instead of the ratio 1
+    knobs = {"clip_cov_lb": 1e6, "clip_cov_ub": 2e6} if mode == "clip_cov" else {}
+    token, _, _ = run(mode, lp, lp, GSPO_3X5_ADV, GSPO_3X5_MASK, "token-mean", **knobs)
+    sequence, _, _ = run(mode, lp, lp, GSPO_3X5_ADV, GSPO_3X5_MASK, "seq-mean-token-mean", **knobs)
+    expected_token, expected_sequence = -(5 - 2 + 2) / 8 * weight, -(1 - 1 + 2) / 3 * weight
+    close(token, expected_token)
+    close(sequence, expected_sequence)
+
+
 def test_gpg_loss_is_minus_advantage_times_log_prob() -> None:
     # (−2·−1 + −2·−2)/2 = 3; gradient −A/2 = −1 per token
     loss, metrics, grad = run(

@@ -64,7 +64,8 @@ POLICY_LOSSES: list[tuple[str, str, str]] = [
         "gspo",
         "policy_loss.loss_mode=gspo",
         "s_i = exp(mean_t log ρ) per sequence (value of every token's ratio, gradient of its log π); "
-        "max(−A·s, −A·clip(s, 1−ε_low, 1+ε_high)); paper: lossAggMode seq-mean-token-mean, ε ≈ 3e-4/4e-4",
+        "max(−A·s, −A·clip(s, 1−ε_low, 1+ε_high)); always seq-mean-token-mean, as the paper and verl, whatever "
+        "lossAggMode says (which still aggregates the KL and entropy terms); paper: ε ≈ 3e-4/4e-4",
     ),
     ("gpg", "policy_loss.loss_mode=gpg", "−A·log π (no ratio, no clip)"),
     (

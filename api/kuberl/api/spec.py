@@ -129,7 +129,9 @@ class PolicyLoss(SpecModel):
     loss_mode: PolicyLossMode = Field(
         "vanilla",
         description="Policy loss by verl's name: vanilla (PPO clip + dual clip), gspo, gpg, clip_cov, kl_cov, "
-        "geo_mean (GMPO), cispo. gspo, geo_mean and cispo read algorithm.clipRatioLow/High as their bounds.",
+        "geo_mean (GMPO), cispo. gspo, geo_mean and cispo read algorithm.clipRatioLow/High as their bounds. As in "
+        "verl and their papers, gspo's policy term is always seq-mean-token-mean and geo_mean's a mean over "
+        "sequences, whatever algorithm.lossAggMode says.",
     )
     clip_cov_ratio: float = Field(
         0.0002, gt=0, le=1, description="clip_cov: share of a micro-batch's tokens whose gradient is detached."
@@ -205,7 +207,11 @@ class Algorithm(SpecModel):
     )
     clip_ratio_c: float = Field(3.0, le=100, description="Dual-clip bound c for negative advantages; must exceed 1.")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
-        Field("token-mean", description="How token losses become one number, normalised over the global mini-batch.")
+        Field(
+            "token-mean",
+            description="How token losses become one number, normalised over the global mini-batch (the policy term "
+            "of gspo and geo_mean excepted: see policyLoss.lossMode).",
+        )
     )
     entropy_coef: float = Field(0.0, ge=0, le=1, description="Entropy bonus coefficient (verl's default is 0).")
     kl: KL = Field(default_factory=KL, description="KL regularisation against the reference policy.")

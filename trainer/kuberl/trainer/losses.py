@@ -14,6 +14,7 @@ signature, so the update calls any of them through :func:`policy_loss`. Each ret
 the metrics ``pg_clipfrac``, ``pg_clipfrac_lower`` and ``ppo_kl`` (0 where a loss has no such notion).
 """
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,6 +28,9 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "se
 
 LOG_RATIO_CLAMP = 20.0
 GSPO_LOG_RATIO_MAX = 10.0
+# GSPO's objective averages tokens within each sequence, then sequences (arXiv 2507.18071, eq. 5: 1/G Σ_i 1/|y_i| Σ_t);
+# verl's compute_policy_loss_gspo aggregates so whatever actor.loss_agg_mode says, and so does `gspo` here.
+GSPO_AGG_MODE = "seq-mean-token-mean"
 GEO_MEAN_EPS = 1e-8
 
 
@@ -267,8 +271,9 @@ def gspo(
 
     s_i = exp(Σ_t (log π − log π_old) / |y_i|), the length-normalised sequence ratio; per token the
     ratio is s_{i,t} = sg[s_i]·π/sg[π] (value s_i, gradient of the token's log π; log s_{i,t} ≤ 10), and
-    L = max(−A·s_{i,t}, −A·clip(s_{i,t}, 1 − clip_ratio_low, 1 + clip_ratio_high)), aggregated by
-    ``agg`` (the paper's is seq-mean-token-mean). No dual clip. ``pg_clipfrac_lower`` is 0.
+    L = max(−A·s_{i,t}, −A·clip(s_{i,t}, 1 − clip_ratio_low, 1 + clip_ratio_high)), aggregated as the paper's
+    objective, seq-mean-token-mean (GSPO_AGG_MODE), whatever ``agg.mode`` (algorithm.lossAggMode) says, as verl
+    does; the KL and entropy terms still follow lossAggMode. No dual clip. ``pg_clipfrac_lower`` is 0.
     """
     mask_f = mask.to(log_probs.dtype)
     log_ratio = log_probs - old_log_probs
@@ -278,7 +283,7 @@ def gspo(
     unclipped = -advantages * seq_ratio
     clipped = -advantages * seq_ratio.clamp(1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high)
     losses = torch.maximum(unclipped, clipped)
-    loss = agg(losses, mask)
+    loss = dataclasses.replace(agg, mode=GSPO_AGG_MODE)(losses, mask)
     return loss, _metrics(mask, clipped > unclipped, None, -log_ratio)
 
 
