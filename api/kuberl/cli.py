@@ -16,6 +16,7 @@ from typing import Any
 from kuberl.api.cli_options import add_format_option, add_output_file_option
 from kuberl.api.documents import Checked, check, load_documents, manifest_files
 from kuberl.api.overrides import add_set_argument
+from kuberl.api.policy import Policy
 from kuberl.api.validation import invalid_text, plural
 from kuberl.cluster.commands import add_commands as add_cluster_commands
 from kuberl.cluster.commands import add_target_options
@@ -31,12 +32,15 @@ def _validate(args: argparse.Namespace) -> int:
     from kuberl.api.documents import is_other_kind
     from kuberl.api.overrides import apply_overrides
 
+    policy = _policy(args)
+    if policy is None:
+        return 2
     results: list[Checked] = []
     for path in args.files:
         try:
             for source, doc in (d for f in manifest_files(path) for d in load_documents(f)):
                 rljob = doc if is_other_kind(doc) or not args.set else apply_overrides(doc, args.set)
-                results.append(check(source, rljob))
+                results.append(check(source, rljob, policy))
         except (OSError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -50,6 +54,33 @@ def _validate(args: argparse.Namespace) -> int:
         print("error: no RLJob document in " + ", ".join(args.files), file=sys.stderr)
         return 2
     return 0 if all(r.valid for r in checked) else 1
+
+
+def _policy(args: argparse.Namespace) -> Policy | None:
+    """The trust policy `kuberl validate` applies: the chart's defaults, a values file, or the installed
+    operator's; None (after printing why) when it cannot be read."""
+    from kuberl.api import yaml12
+    from kuberl.api.policy import PolicyNotFound, policy_from_cluster, policy_from_values
+
+    if args.policy:
+        try:
+            values = yaml12.load(Path(args.policy).read_text()) or {}
+        except OSError as exc:
+            print(f"error: --policy {args.policy}: cannot read: {exc.strerror}", file=sys.stderr)
+            return None
+        if not isinstance(values, dict):
+            print(f"error: --policy {args.policy}: expected the chart's values (a mapping)", file=sys.stderr)
+            return None
+        return policy_from_values(values)
+    if args.cluster:
+        try:
+            policy, deployment = policy_from_cluster(args.operator_namespace)
+        except PolicyNotFound as exc:
+            print(f"error: --cluster: {exc}", file=sys.stderr)
+            return None
+        print(f"policy: the operator's, Deployment {deployment}", file=sys.stderr)
+        return policy
+    return Policy()
 
 
 def _as_json(result: Checked) -> dict[str, Any]:
@@ -232,12 +263,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    validate = sub.add_parser("validate", help="check RLJob manifests offline with the admission rules")
+    validate = sub.add_parser(
+        "validate", help="check RLJob manifests offline with the admission rules and the operator's trust policy"
+    )
     validate.add_argument(
         "files", nargs="+", help="YAML files (multi-document allowed), folders of them, or '-' for stdin"
     )
     add_format_option(validate)
     add_set_argument(validate)
+    source = validate.add_mutually_exclusive_group()
+    source.add_argument(
+        "--policy",
+        metavar="VALUES",
+        help="the chart's values file the operator is installed with (its security.* and trainer.serviceAccount); "
+        "default: the chart's defaults",
+    )
+    source.add_argument(
+        "--cluster",
+        action="store_true",
+        help="the policy of the operator installed in the kubeconfig's cluster, read from its Deployment",
+    )
+    validate.add_argument("--operator-namespace", help="with --cluster: where the operator runs (default: search all)")
     validate.set_defaults(func=_validate)
 
     import_verl = sub.add_parser(

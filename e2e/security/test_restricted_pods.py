@@ -10,8 +10,8 @@ import pytest
 
 from e2e.harness import Cluster, CommandError
 from kuberl.api import load_rljob
+from kuberl.api.policy import TRAINER_SERVICE_ACCOUNT
 from kuberl.operator.rayjob import pod_templates, render_rayjob
-from kuberl.operator.trust import TRAINER_SERVICE_ACCOUNT
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

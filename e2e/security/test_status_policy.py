@@ -14,9 +14,9 @@ import yaml
 from e2e.harness import Cluster
 from e2e.operator.crd import apply_json
 from e2e.operator.manifests import rljob
+from kuberl.api.policy import TRAINER_SERVICE_ACCOUNT
 from kuberl.api.status import RLJobStatus
 from kuberl.operator import rbac
-from kuberl.operator.trust import TRAINER_SERVICE_ACCOUNT
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "kuberl"
 POLICY_NAME = "kuberl-rljob-status"

@@ -39,7 +39,7 @@ def wait_refused(cluster: Cluster, namespace: str, name: str, timeout: float = 3
                 "volumes": [{"name": "root", "hostPath": {"path": "/"}}],
                 "volumeMounts": [{"name": "root", "mountPath": "/host"}],
             },
-            "spec.cluster.volumes[0] (root): volume type hostPath is not allowed",
+            "spec.cluster.volumes[0]: (root) volume type hostPath is not allowed",
         ),
         (
             {"serviceAccountName": "namespace-admin"},

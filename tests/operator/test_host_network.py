@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from e2e.operator.kuberay_rules import kuberay_checks, rayjob_schema_errors
+from kuberl.api.policy import Policy, trust_issues
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.validation import validate_document
 from kuberl.operator.__main__ import parse_args
 from kuberl.operator.rayjob import render_rayjob
-from kuberl.operator.trust import Policy, trust_issues
 from tests.operator.test_rayjob_render import UID, base_spec
 
 SEPARATE = {"rollout": {"placement": "separate"}}
@@ -25,7 +25,7 @@ def spec(pool: str = "trainer") -> RLJobSpec:
 
 @pytest.mark.parametrize("pool", ["trainer", "rollout"])
 def test_host_network_is_refused_by_default_naming_the_pool_s_field(pool: str) -> None:
-    (issue,) = trust_issues(spec(pool), Policy())
+    (issue,) = map(str, trust_issues(spec(pool), Policy()))
     assert issue.startswith(f"spec.cluster.{pool}.pod.hostNetwork: host networking is not allowed")
     assert "security.allowHostNetwork" in issue
 

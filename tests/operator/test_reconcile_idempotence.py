@@ -12,8 +12,8 @@ import kopf
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from kuberl.api.policy import Policy
 from kuberl.operator import reconcile
-from kuberl.operator.trust import Policy
 
 NS = "team-a"
 
@@ -178,7 +178,7 @@ def test_a_foreign_networkpolicy_of_the_same_name_is_refused() -> None:
     [
         (
             {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]},
-            "spec.cluster.volumes[0] (root): volume type hostPath",
+            "spec.cluster.volumes[0]: (root) volume type hostPath",
         ),
         ({"serviceAccountName": "admin-sa"}, "spec.cluster.serviceAccountName: 'admin-sa' is not allowed"),
     ],

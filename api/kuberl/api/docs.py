@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from kuberl.api.contract import API_VERSION
 from kuberl.api.crd import field_default
+from kuberl.api.policy import OPERATOR_RULES
 from kuberl.api.rules import RULES, VERL_CHECKS
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import RLJobStatus
@@ -195,6 +196,18 @@ def api_markdown() -> str:
             "| id | field | verl | rule | message |",
             "|---|---|---|---|---|",
             *rule_rows,
+            "",
+            "### The operator's checks",
+            "",
+            "What the CRD cannot check: the chart's trust policy (docs/security.md) and free-form Kubernetes "
+            "objects. The operator refuses such a job (phase `Failed`, `Valid=False`, naming the field) before it "
+            "creates anything, and `kuberl validate` makes the same checks: with the chart's defaults, with a values "
+            "file (`--policy VALUES`), or with the installed operator's settings (`--cluster`). `kuberl run` (one "
+            "machine, no pods) skips them.",
+            "",
+            "| id | what it refuses |",
+            "|---|---|",
+            *(f"| `{rule}` | {_cell(meaning)} |" for rule, meaning in OPERATOR_RULES.items()),
             "",
             "| verl | what verl checks, and where |",
             "|---|---|",

@@ -13,6 +13,7 @@ from kuberl.api import yaml12
 from kuberl.api.batching import BatchPlan, plan_batches
 from kuberl.api.contract import API_VERSION, GROUP, KIND
 from kuberl.api.overrides import apply_overrides
+from kuberl.api.policy import OPERATOR_RULES, Policy, operator_issues
 from kuberl.api.rules import POD_RULES
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.validation import InvalidSpec, Issue, validate_document
@@ -82,7 +83,9 @@ def looks_like_verl(doc: Any) -> bool:
     return isinstance(doc, dict) and "kind" not in doc and "actor_rollout_ref" in doc
 
 
-def check(source: str, doc: Any) -> Checked:
+def check(source: str, doc: Any, policy: Policy | None = None) -> Checked:
+    """The verdict of the apiserver and then of the operator (the chart's trust `policy`, by default the chart's
+    defaults, and the free-form pod fields) on one document."""
     metadata = doc.get("metadata") if isinstance(doc, dict) else None
     name = str(metadata.get("name", "?")) if isinstance(metadata, dict) else "?"
     if is_other_kind(doc):
@@ -93,6 +96,7 @@ def check(source: str, doc: Any) -> Checked:
     result = Checked(source, name, validate_document(doc))
     if result.valid:
         spec = RLJobSpec.model_validate(doc["spec"])
+        result.issues = operator_issues(spec, policy or Policy())
         result.plan = plan_batches(spec)
         result.device = spec.cluster.device
     return result
@@ -104,7 +108,7 @@ def load_rljob(
     """The single RLJob of `path` (name, spec) with `--set` overrides applied, or InvalidSpec with every issue.
 
     Documents of other kinds in the file are ignored, as `kuberl validate` skips them. `one_machine` (`kuberl run`)
-    skips the rules about Kubernetes pods (POD_RULES): one machine has one filesystem.
+    skips the rules about Kubernetes pods (POD_RULES, OPERATOR_RULES): one machine has one filesystem and no pods.
     """
     docs = [(source, doc) for source, doc in load_documents(path) if not is_other_kind(doc)]
     if len(docs) != 1:
@@ -115,7 +119,7 @@ def load_rljob(
     checked = check(source, doc)
     issues = checked.issues
     if one_machine:
-        issues = [i for i in issues if i.rule not in POD_RULES]
+        issues = [i for i in issues if i.rule not in POD_RULES and i.rule not in OPERATOR_RULES]
     if issues:
         raise InvalidSpec(issues, source)
     return checked.name, RLJobSpec.model_validate(doc["spec"])

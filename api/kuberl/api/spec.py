@@ -642,11 +642,15 @@ class Trainer(SpecModel):
     )
     checkpoint_dir: PathStr = Field(
         "checkpoints",
-        description="Where checkpoints go. On Kubernetes a relative path lies on the storage claim (under "
-        "/var/lib/kuberl/checkpoints); without storage it must be an absolute path on a mounted volume.",
+        description="Where checkpoints go. On Kubernetes a relative path lies in the RLJob's own folder on the "
+        "storage claim (/var/lib/kuberl/checkpoints/<name>-<uid>); an absolute one on the claim may not be another "
+        "RLJob's; without storage it must be an absolute path on a mounted volume.",
     )
     resume: PathStr = Field(
-        "auto", description='"auto" (latest in checkpointDir), "disable", or a path to a global_step_N folder.'
+        "auto",
+        description='"auto" (latest in checkpointDir), "disable", or a path to a global_step_N folder, e.g. of an '
+        "RLJob deleted and created again under this name: on a claim a relative checkpointDir is per RLJob (uid), "
+        "so the new one starts afresh unless this names the old one's checkpoint.",
     )
     loggers: list[Logger] = Field(
         default_factory=lambda: list[Logger](["console", "jsonl"]),

@@ -19,15 +19,10 @@ import threading
 import kopf
 from kubernetes import client
 
+from kuberl.api.policy import add_policy_arguments, policy_from_arguments
 from kuberl.operator import metrics
 from kuberl.operator.leader import LeaderElector, LeaseConfig, StandbyHealth
 from kuberl.operator.settings import OperatorConfig
-from kuberl.operator.trust import RAY_UID, TRAINER_SERVICE_ACCOUNT, Policy
-
-
-def _uid(text: str) -> int | None:
-    """A uid/gid flag: a number, or "platform" to leave it to the platform (OpenShift's restricted SCC)."""
-    return None if text == "platform" else int(text)
 
 
 def parse_args(argv: list[str] | None = None) -> OperatorConfig:
@@ -63,39 +58,7 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         default=900.0,
         help="warn (an Event) when a Running RLJob's trainer has not reported progress for this long (0 disables)",
     )
-    security = parser.add_argument_group("security (docs/security.md; the chart's security.* values)")
-    security.add_argument(
-        "--trainer-service-account", default=TRAINER_SERVICE_ACCOUNT, help="service account of the Ray pods"
-    )
-    security.add_argument(
-        "--allow-service-account",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="another service account spec.cluster.serviceAccountName may name (repeatable)",
-    )
-    security.add_argument(
-        "--allow-volume-type",
-        action="append",
-        default=[],
-        metavar="TYPE",
-        help="a volume source beyond claims, configMaps, secrets, emptyDir, projected, ephemeral (repeatable)",
-    )
-    security.add_argument(
-        "--pod-run-as-user", type=_uid, default=RAY_UID, help='uid/gid of the Ray pods, or "platform"'
-    )
-    security.add_argument("--pod-fs-group", type=_uid, default=RAY_UID, help='fsGroup of the Ray pods, or "platform"')
-    security.add_argument(
-        "--kuberay-namespace", default="kuberay-system", help="namespace of KubeRay's operator (NetworkPolicy)"
-    )
-    security.add_argument(
-        "--monitoring-namespace", default=None, help="namespace allowed to scrape the Ray pods' metrics ports"
-    )
-    security.add_argument(
-        "--allow-host-network",
-        action="store_true",
-        help="let RLJobs run worker pools on the node's network (cluster.{trainer,rollout}.pod.hostNetwork)",
-    )
+    add_policy_arguments(parser)
     election = parser.add_argument_group("leader election (several replicas)")
     election.add_argument("--leader-elect", action="store_true", help="reconcile only while holding the Lease")
     election.add_argument("--lease-name", default="kuberl-leader", help="name of the Lease")
@@ -144,16 +107,7 @@ def parse_args(argv: list[str] | None = None) -> OperatorConfig:
         resync_seconds=args.resync_seconds,
         diagnose_seconds=args.diagnose_seconds,
         progress_timeout_seconds=args.progress_timeout_seconds,
-        trust=Policy(
-            trainer_service_account=args.trainer_service_account,
-            allowed_service_accounts=tuple(args.allow_service_account),
-            allowed_volume_types=tuple(args.allow_volume_type),
-            run_as_user=args.pod_run_as_user,
-            fs_group=args.pod_fs_group,
-            kuberay_namespace=args.kuberay_namespace,
-            monitoring_namespace=args.monitoring_namespace,
-            allow_host_network=args.allow_host_network,
-        ),
+        trust=policy_from_arguments(args),
         lease=lease,
     )
 

@@ -36,6 +36,7 @@ import kopf
 from kuberl.api.contract import timestamp
 from kuberl.api.spec import DEFAULT_STALL_TIMEOUT_SECONDS
 from kuberl.api.status import TERMINAL_PHASES, ConditionType, Phase
+from kuberl.operator import metrics
 from kuberl.operator.reconcile import Api, ensure, write_status
 from kuberl.operator.status import (
     STALL_DEADLINE,
@@ -267,8 +268,13 @@ def resync_all(api: Api, namespaces: list[str] | None, *, progress_timeout: floa
     and deleting an RLJob must never wait for the operator.
     """
     scopes: list[str | None] = list(namespaces) if namespaces else [None]
-    return sum(
-        resync(api, rljob, progress_timeout=progress_timeout, post_event=post_event)
-        for ns in scopes
-        for rljob in api.list_rljobs(ns)
-    )
+    writes = 0
+    for ns in scopes:
+        for rljob in api.list_rljobs(ns):
+            try:
+                writes += resync(api, rljob, progress_timeout=progress_timeout, post_event=post_event)
+            except Exception:  # one RLJob's failure (a refused write, a malformed object) must not stop the pass
+                meta = rljob.get("metadata") or {}
+                log.exception("resync of RLJob %s/%s failed; continuing", meta.get("namespace"), meta.get("name"))
+                metrics.RECONCILE_ERRORS.labels("resync").inc()
+    return writes

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
-import re
 from typing import Any
 
 from kuberl.api.contract import (
@@ -38,25 +37,13 @@ from kuberl.api.contract import (
     entrypoint,
     prestop_command,
 )
+from kuberl.api.policy import CHECKPOINT_VOLUME, SHM_PATH, SHM_VOLUME, SPEC_VOLUME, Policy
 from kuberl.api.spec import HeadNode, NodePool, PodSettings, PoolPodSettings, RLJobSpec, Toleration, backoff_limit
 from kuberl.api.validation import spec_to_wire
-from kuberl.operator.trust import Policy
-
-SPEC_VOLUME = "kuberl-spec"
-SHM_VOLUME = "kuberl-dshm"
-SHM_PATH = "/dev/shm"
-CHECKPOINT_VOLUME = "kuberl-checkpoints"
-RESERVED_VOLUMES = (SPEC_VOLUME, SHM_VOLUME, CHECKPOINT_VOLUME)
-RESERVED_MOUNT_PURPOSE = {SPEC_DIR: "the spec", SHM_PATH: "shared memory", CHECKPOINT_MOUNT: "the checkpoint claim"}
-RESERVED_MOUNT_PATHS = tuple(RESERVED_MOUNT_PURPOSE)
 
 # Ports KubeRay would add by default (constant.go), declared so that Services and PodMonitors can name them.
 HEAD_PORTS = (("gcs-server", 6379), ("dashboard", DASHBOARD_PORT), ("client", 10001), ("metrics", 8080))
 WORKER_PORTS = (("metrics", 8080),)
-
-# Ray's token authentication exists from Ray 2.52; KubeRay parses rayVersion as a semantic version and refuses older.
-TOKEN_AUTH_MIN_RAY = (2, 52, 0)
-SEMVER = re.compile(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:[-+][0-9A-Za-z.+-]*)?")
 
 # Environment of every Ray pod that makes NCCL jobs fail fast and loud rather than hang:
 NCCL_ENV: tuple[tuple[str, str], ...] = (
@@ -71,22 +58,29 @@ NCCL_ENV: tuple[tuple[str, str], ...] = (
 
 
 class RenderError(ValueError):
-    """The spec cannot be turned into a RayJob (e.g. a user volume takes a name the operator needs)."""
+    """The spec cannot be turned into a RayJob (checks the operator makes first: kuberl.api.policy)."""
 
 
-def spec_json(spec: RLJobSpec) -> str:
-    """The spec as the trainer reads it from /etc/kuberl/spec.json: camelCase, defaults filled in, a relative
-    checkpointDir resolved on the checkpoint claim."""
-    return json.dumps(spec_to_wire(pod_view(spec)), indent=2, sort_keys=True)
+def spec_json(spec: RLJobSpec, name: str, uid: str) -> str:
+    """The spec as the trainer of RLJob `name` (uid `uid`) reads it from /etc/kuberl/spec.json: camelCase,
+    defaults filled in, a relative checkpointDir resolved in the job's folder on the checkpoint claim."""
+    return json.dumps(spec_to_wire(pod_view(spec, name, uid)), indent=2, sort_keys=True)
 
 
-def pod_view(spec: RLJobSpec) -> RLJobSpec:
-    """The spec as seen inside the pods: with a storage claim, a relative trainer.checkpointDir lies under
-    CHECKPOINT_MOUNT (the API's `checkpoint-dir-on-claim` rule keeps absolute ones there already)."""
+def job_folder(name: str, uid: str) -> str:
+    """The RLJob's own folder on the checkpoint claim, `<mount>/<name>-<uid>`: a relative trainer.checkpointDir
+    lies under it, so two RLJobs on one claim, or an RLJob deleted and created again under its name, never share a
+    checkpoint folder unless an absolute checkpointDir says so."""
+    return posixpath.join(CHECKPOINT_MOUNT, f"{name}-{uid}")
+
+
+def pod_view(spec: RLJobSpec, name: str, uid: str) -> RLJobSpec:
+    """The spec as seen inside the pods: with a storage claim, a relative trainer.checkpointDir lies in
+    `job_folder` (the API's `checkpoint-dir-on-claim` rule keeps absolute ones on the claim already)."""
     directory = spec.trainer.checkpoint_dir
     if claim_name_of(spec) is None or posixpath.isabs(directory):
         return spec
-    trainer = spec.trainer.model_copy(update={"checkpoint_dir": posixpath.join(CHECKPOINT_MOUNT, directory)})
+    trainer = spec.trainer.model_copy(update={"checkpoint_dir": posixpath.join(job_folder(name, uid), directory)})
     return spec.model_copy(update={"trainer": trainer})
 
 
@@ -123,8 +117,8 @@ def render_checkpoint_claim(name: str, namespace: str, uid: str, spec: RLJobSpec
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": claim_spec}
 
 
-def spec_hash(spec: RLJobSpec) -> str:
-    return hashlib.sha256(spec_json(spec).encode()).hexdigest()[:16]
+def spec_hash(spec: RLJobSpec, name: str, uid: str) -> str:
+    return hashlib.sha256(spec_json(spec, name, uid).encode()).hexdigest()[:16]
 
 
 def configmap_name(name: str) -> str:
@@ -162,10 +156,10 @@ def render_configmap(name: str, namespace: str, uid: str, spec: RLJobSpec) -> di
             "name": configmap_name(name),
             "namespace": namespace,
             "labels": common_labels(name, "spec"),
-            "annotations": {SPEC_HASH_ANNOTATION: spec_hash(spec)},
+            "annotations": {SPEC_HASH_ANNOTATION: spec_hash(spec, name, uid)},
             "ownerReferences": [owner_reference(name, uid)],
         },
-        "data": {SPEC_FILE: spec_json(spec)},
+        "data": {SPEC_FILE: spec_json(spec, name, uid)},
     }
 
 
@@ -177,8 +171,6 @@ def render_rayjob(name: str, namespace: str, uid: str, spec: RLJobSpec, trust: P
     Secret it creates per Ray cluster); `trust` is the chart's security settings.
     """
     trust = trust or Policy()
-    _check_reserved(spec)
-    _check_ray_version(spec.cluster.ray_version)
     cluster = spec.cluster
     policy = spec.run_policy
     labels = common_labels(name, "rayjob")
@@ -218,7 +210,7 @@ def render_rayjob(name: str, namespace: str, uid: str, spec: RLJobSpec, trust: P
             "name": name,
             "namespace": namespace,
             "labels": labels,
-            "annotations": {SPEC_HASH_ANNOTATION: spec_hash(spec)},
+            "annotations": {SPEC_HASH_ANNOTATION: spec_hash(spec, name, uid)},
             "ownerReferences": [owner_reference(name, uid)],
         },
         "spec": rayjob_spec,
@@ -226,50 +218,6 @@ def render_rayjob(name: str, namespace: str, uid: str, spec: RLJobSpec, trust: P
 
 
 # --- pieces ------------------------------------------------------------------------
-
-
-def _check_reserved(spec: RLJobSpec) -> None:
-    for volume in spec.cluster.volumes:
-        if volume.name in RESERVED_VOLUMES:
-            raise RenderError(
-                f"cluster.volumes: the name {volume.name!r} is used by the operator; rename the volume "
-                f"(reserved: {', '.join(RESERVED_VOLUMES)})"
-            )
-    _check_checkpoint_volume(spec)
-    for mount in spec.cluster.volume_mounts:
-        path = mount.mount_path.rstrip("/") or "/"
-        if path in RESERVED_MOUNT_PATHS:
-            raise RenderError(
-                f"cluster.volumeMounts: {mount.name} is mounted at {mount.mount_path}, where the operator mounts "
-                f"{RESERVED_MOUNT_PURPOSE[path]}; choose another mountPath"
-            )
-
-
-def _check_ray_version(ray_version: str) -> None:
-    """KubeRay refuses a token-mode cluster (ValidationFailed) whose rayVersion is not a version >= 2.52.0."""
-    match = SEMVER.fullmatch(ray_version)
-    if match is None or tuple(int(part or 0) for part in match.groups()) < TOKEN_AUTH_MIN_RAY:
-        minimum = ".".join(map(str, TOKEN_AUTH_MIN_RAY))
-        raise RenderError(
-            f"cluster.rayVersion {ray_version!r}: the Ray cluster requires a token (KubeRay's authOptions), which "
-            f"needs Ray >= {minimum}; set the version of Ray in cluster.image"
-        )
-
-
-def _check_checkpoint_volume(spec: RLJobSpec) -> None:
-    """Without a storage claim, checkpointDir lies on a user volume (the API's `checkpoints-survive-pods` rule);
-    refuse one that is pod-local. Here and not in the rule: volume sources are free-form, typeless to CEL."""
-    if claim_name_of(spec) is not None:
-        return
-    directory = spec.trainer.checkpoint_dir
-    local = {v.name for v in spec.cluster.volumes if (v.model_extra or {}).get("emptyDir") is not None}
-    for mount in spec.cluster.volume_mounts:
-        root = mount.mount_path.rstrip("/")
-        if mount.name in local and (directory == root or directory.startswith(root + "/")):
-            raise RenderError(
-                f"trainer.checkpointDir {directory} is on the emptyDir volume {mount.name}, which dies with its pod: "
-                "set storage.claim or storage.claimName, or mount a persistent volume there"
-            )
 
 
 def _tolerations(tolerations: list[Toleration]) -> list[dict[str, Any]]:

@@ -34,10 +34,12 @@ from kuberl.api.contract import (
     sandbox_name,
     timestamp,
 )
+from kuberl.api.policy import Policy, operator_issues
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.status import TERMINAL_PHASES, FailureClass
 from kuberl.api.validation import validate_document
 from kuberl.operator import metrics, sandbox
+from kuberl.operator.checkpoint_folders import shared_folder_issue
 from kuberl.operator.rayjob import (
     NO_CLUSTER_STATES,
     RenderError,
@@ -59,7 +61,6 @@ from kuberl.operator.status import (
     status_patch,
     valid_condition,
 )
-from kuberl.operator.trust import Policy, trust_issues
 
 STATUS_WRITE_ATTEMPTS = 8
 TRANSIENT_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
@@ -530,18 +531,19 @@ def desired_children(
     claim its children (the claim is owned only with storage.retention Delete); (configmap, rayjob, networkpolicy,
     claim or None).
 
-    A spec that fails the rules or asks for more than the chart's trust settings allow (`trust_issues`) goes to
-    `invalid`, one the renderer cannot turn into a RayJob to `unrenderable` (`refuse` or `mark_invalid_update`:
-    neither returns).
+    A spec that fails the rules, the operator's own checks (`operator_issues`: the chart's trust settings and the
+    free-form pod fields) or takes another RLJob's checkpoint folder (`shared_folder_issue`) goes to `invalid`, one
+    the renderer cannot turn into a RayJob to `unrenderable` (`refuse` or `mark_invalid_update`: neither returns).
     """
     meta = body["metadata"]
     issues = spec_issues(body)
     if issues:
         invalid(api, body, issues)
     spec = RLJobSpec.model_validate(_plain(body["spec"]))
-    untrusted = trust_issues(spec, api.trust)
-    if untrusted:
-        invalid(api, body, untrusted)
+    refused = [str(issue) for issue in operator_issues(spec, api.trust)]
+    shared = shared_folder_issue(_plain(body), spec, api.list_rljobs(meta["namespace"]))
+    if refused or shared:
+        invalid(api, body, refused + ([shared] if shared else []))
     try:
         configmap = render_configmap(meta["name"], meta["namespace"], meta["uid"], spec)
         rayjob = render_rayjob(meta["name"], meta["namespace"], meta["uid"], spec, api.trust)
@@ -565,6 +567,8 @@ def ensure(api: Api, body: kopf.Body | dict[str, Any], logger: kopf.Logger = log
     # already running (e.g. admitted under an older rule set, seen again after an operator upgrade):
     # flag it, keep following its RayJob, do not fail a live job
     live = bool((body.get("status") or {}).get("rayJobName"))
+    if live and rayjob_gone(api, body):
+        return
     configmap, rayjob, networkpolicy, claim = desired_children(
         api, body, mark_invalid_update if live else refuse, refuse
     )
@@ -595,6 +599,18 @@ def ensure(api: Api, body: kopf.Body | dict[str, Any], logger: kopf.Logger = log
     sync_status(api, namespace, name, generation=generation, valid=True, uid=uid, rljob=_plain(body), rayjob=existing)
 
 
+def rayjob_gone(api: Api, body: kopf.Body | dict[str, Any]) -> bool:
+    """Whether the RayJob of a live RLJob (one whose RayJob was created) is gone; if so, the job is ended Failed
+    (`RayJobDeleted`), as the RayJob watch does when the operator sees the deletion. Never re-created: a RayJob
+    deleted while the operator was down would otherwise come back as a new, silently restarted job."""
+    meta = body["metadata"]
+    rayjob = api.get_rayjob(meta["namespace"], meta["name"])
+    if rayjob is not None and controller_uid(rayjob) == meta["uid"]:
+        return False
+    sync_status(api, meta["namespace"], meta["name"], uid=meta["uid"], rljob=_plain(body), rayjob=None)
+    return True
+
+
 def suspend_of(spec: Any) -> bool:
     """runPolicy.suspend of a spec (as kopf passes `old`/`new` to a `field="spec"` update handler)."""
     return bool(((spec or {}).get("runPolicy") or {}).get("suspend", False))
@@ -611,6 +627,8 @@ def apply_update(
     phase = (body.get("status") or {}).get("phase")
     if phase in TERMINAL_PHASES:
         logger.info("RLJob is %s; the spec change is not applied", phase)
+        return
+    if (body.get("status") or {}).get("rayJobName") and rayjob_gone(api, body):
         return
     configmap, desired, _, claim = desired_children(api, body, mark_invalid_update, mark_invalid_update)
     suspend_changed = suspend_of(old_spec) != suspend_of(new_spec)

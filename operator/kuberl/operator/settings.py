@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 from typing import Any
 
 import kopf
 
+from kuberl.api.policy import Policy
 from kuberl.operator.leader import LeaseConfig
-from kuberl.operator.trust import Policy
 
 PREFIX = "kuberl.io"
 
@@ -55,23 +56,37 @@ def configure(settings: kopf.OperatorSettings, *, max_workers: int = 16) -> None
 
 
 LONG_STRING = 256  # longer strings are kept in kopf's diffbase as their hash
+LONG_VALUE = 1024  # so are objects and lists below the spec's sections whose JSON is longer
 
 
 class BoundedDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
-    """kopf's last-handled configuration with every long string replaced by its SHA-256: the annotation stays small
-    however large the spec is, so storing it can never fail (422) and make the create handler retry forever.
-    A changed long string still shows as a change (its hash differs); the update handler reads the new spec from
-    the object, never from the diffbase's old values of such strings."""
+    """kopf's last-handled configuration with every long string, and every large object or list below the top two
+    levels (`spec.cluster.trainer.affinity`, `spec.cluster.volumes`, a large `spec.cluster`), replaced by its
+    SHA-256: the annotation stays small however large the spec is, free-form fields included, so storing it can
+    never fail (422: annotations are limited to 256 KiB) and make the create handler retry forever.
+    A changed value still shows as a change (its hash differs); the update handler reads the new spec from the
+    object, and of the diffbase only `spec.runPolicy.suspend`, which stays a plain value."""
 
     def build(self, *, body: Any, extra_fields: Any = None) -> Any:
         return _bounded(super().build(body=body, extra_fields=extra_fields))
 
 
-def _bounded(value: Any) -> Any:
-    if isinstance(value, str) and len(value) > LONG_STRING:
-        return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+def _hash(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def _bounded(value: Any, depth: int = 0) -> Any:
+    """`value` with long strings hashed and, below depth 2 (the body, then `spec`), large containers hashed,
+    innermost first: a large spec.cluster whose affinity is already a hash stays an object."""
+    if isinstance(value, str):
+        return _hash(value) if len(value) > LONG_STRING else value
     if isinstance(value, dict):
-        return {k: _bounded(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_bounded(v) for v in value]
-    return value
+        bounded: Any = {k: _bounded(v, depth + 1) for k, v in value.items()}
+    elif isinstance(value, list):
+        bounded = [_bounded(v, depth + 1) for v in value]
+    else:
+        return value
+    if depth >= 2 and len(json.dumps(bounded)) > LONG_VALUE:
+        return _hash(bounded)
+    return bounded
