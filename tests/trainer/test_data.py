@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from kuberl.trainer.data import DataError, Prompt, PromptDataset, PromptLoader, load_rows
+from kuberl.trainer.data import DataError, Prompt, PromptDataset, PromptLoader, load_rows, load_rows_with_origins
 from kuberl.trainer.datagen import write_rows
 from kuberl.trainer.models import load_tokenizer
 
@@ -138,6 +138,14 @@ def test_overlong_prompts_are_filtered_and_counted_keeping_row_indices() -> None
 def test_an_overlong_prompt_without_filtering_names_the_row_and_lengths() -> None:
     with pytest.raises(DataError, match=r"row 1: prompt is \d+ tokens .* maxPromptLength 40"):
         PromptDataset([row("a"), row("a" * 60)], TOKENIZER, max_prompt_length=40, filter_overlong=False)
+
+
+def test_an_overlong_prompt_names_its_file_and_row(tmp_path: Path) -> None:
+    first = write_rows([row("a")], str(tmp_path / "short.jsonl"))
+    second = write_rows([row("a"), row("a" * 60)], str(tmp_path / "long.parquet"))
+    rows, origins = load_rows_with_origins([str(first), str(second)])
+    with pytest.raises(DataError, match=rf"{second} row 1: prompt is \d+ tokens .* maxPromptLength 40"):
+        PromptDataset(rows, TOKENIZER, max_prompt_length=40, filter_overlong=False, origins=origins)
 
 
 def test_a_prompt_that_is_not_a_chat_list_is_an_error() -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from kuberl.trainer.rewards import (
     ERROR_KEY,
+    OUTPUT_BYTES_PER_BATCH,
     InProcessScorer,
     NonFiniteRewardError,
     RewardFunctionError,
@@ -20,7 +21,7 @@ from kuberl.trainer.rewards import (
     make_scorer,
 )
 
-FUNCTIONS = """
+FUNCTIONS = r"""
 import os
 import re
 import time
@@ -30,6 +31,8 @@ def by_answer(data_source, solution_str, ground_truth, extra_info):
         raise ValueError("cannot parse")
     if solution_str == "big":
         return 1e39
+    if solution_str == "huge":
+        return 3e38  # finite in float32, but its group's variance is not
     return {"score": float(solution_str == ground_truth), "length": len(solution_str)}
 
 def sleeps_forever(data_source, solution_str, ground_truth, extra_info):
@@ -45,6 +48,28 @@ def stuck_in_c(data_source, solution_str, ground_truth, extra_info):
 
 def crashes(data_source, solution_str, ground_truth, extra_info):
     os._exit(3)
+
+def record(pid, extra_info):
+    with open(extra_info["pids"], "a") as f:
+        f.write(f"{pid}\n")
+
+def forks_and_floods(data_source, solution_str, ground_truth, extra_info):
+    for _ in range(3):  # helpers that never end, as a pool or sandbox left behind would
+        pid = os.fork()
+        if pid == 0:
+            os.write(1, b"a child's flood\n" * 4000)
+            time.sleep(1e9)
+        record(pid, extra_info)
+    for _ in range(20000):  # 2 MB of its own
+        print("x" * 100)
+    return 1.0
+
+def forks_then_crashes(data_source, solution_str, ground_truth, extra_info):
+    pid = os.fork()
+    if pid == 0:  # inherits the pipe to the driver and keeps it open
+        time.sleep(1e9)
+    record(pid, extra_info)
+    os._exit(7)
 """
 TIMEOUT = 2.0
 MARGIN = 3.0
@@ -91,6 +116,8 @@ def test_scores_errors_and_non_finite_scores_come_back_from_the_process(function
             scorer.score([sample("raise"), sample("raise")])
         with pytest.raises(NonFiniteRewardError, match=r"returned 1e\+39, which is inf in torch\.float32 on sample 1"):
             scorer.score([sample("3"), sample("big")])
+        with pytest.raises(NonFiniteRewardError, match=r"returned 3e\+38.*within ±1e\+06"):
+            scorer.score([sample("huge")])
         assert scorer.score([sample("3")])[0].score == 1.0  # the process survives errors it reports
     finally:
         scorer.close()
@@ -117,3 +144,52 @@ def test_builtins_run_in_the_driver_and_user_functions_in_a_process(functions: P
         assert isinstance(scorer, RewardProcess) and scorer.process.is_alive()
     finally:
         scorer.close()
+
+
+def alive(pid: int) -> bool:
+    """A process that runs (a zombie waiting for its parent to reap it has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def recorded(pids: Path) -> list[int]:
+    return [int(line) for line in pids.read_text().split()]
+
+
+def running(pids: list[int], within: float = 5.0) -> list[int]:
+    """The processes of ``pids`` still running after ``within`` seconds (a SIGKILL is delivered asynchronously)."""
+    deadline = time.monotonic() + within
+    while (left := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+@pytest.mark.timeout(120)
+def test_what_a_function_starts_dies_with_it_and_its_flood_is_cut_with_a_note(
+    functions: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    pids = tmp_path / "pids"
+    scorer = RewardProcess(f"{functions}:forks_and_floods", RewardPolicy(timeout_seconds=60))
+    try:
+        outputs = scorer.score([RewardInput("my/source", "1", "1", {"pids": str(pids)})])
+        assert [o.score for o in outputs] == [1.0]
+    finally:
+        scorer.close()
+    children = recorded(pids)
+    assert len(children) == 3 and running(children) == []
+    shown = capfd.readouterr().err
+    assert len(shown.encode()) < OUTPUT_BYTES_PER_BATCH + 1024, len(shown)  # of > 2 MB printed
+    assert "the reward function's output was cut" in shown
+
+
+@pytest.mark.timeout(120)
+def test_a_crash_is_reported_at_once_though_a_child_holds_the_pipe(functions: Path, tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    scorer = RewardProcess(f"{functions}:forks_then_crashes", RewardPolicy(timeout_seconds=60))
+    started = time.monotonic()
+    with pytest.raises(RewardFunctionError, match="its process exited with code 7"):
+        scorer.score([RewardInput("my/source", "1", "1", {"pids": str(pids)})])
+    assert time.monotonic() - started < 15  # not the 60 s timeout, reported as a hang
+    assert running(recorded(pids)) == []

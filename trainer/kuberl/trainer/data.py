@@ -82,14 +82,23 @@ def check_row(row: Any, where: str, prompt_key: str) -> None:
         raise DataError(f"{where}: reward_model needs a 'ground_truth' (or style 'model'), found {reward!r}")
 
 
-def load_rows(paths: list[str], *, prompt_key: str = "prompt") -> list[dict[str, Any]]:
-    """All rows of ``paths`` (local, ``s3://`` or ``hf://datasets/``) in order."""
+def load_rows_with_origins(paths: list[str], *, prompt_key: str = "prompt") -> tuple[list[dict[str, Any]], list[str]]:
+    """All rows of ``paths`` (local, ``s3://`` or ``hf://datasets/``) in order, and where each came from
+    (``file row N``), for errors found later."""
     rows: list[dict[str, Any]] = []
+    origins: list[str] = []
     for name in paths:
         for number, row in enumerate(read_file(name)):
-            check_row(row, f"{name} row {number}", prompt_key)
+            where = f"{name} row {number}"
+            check_row(row, where, prompt_key)
             rows.append(row)
-    return rows
+            origins.append(where)
+    return rows, origins
+
+
+def load_rows(paths: list[str], *, prompt_key: str = "prompt") -> list[dict[str, Any]]:
+    """All rows of ``paths`` in order (:func:`load_rows_with_origins` without the origins)."""
+    return load_rows_with_origins(paths, prompt_key=prompt_key)[0]
 
 
 @dataclass(frozen=True)
@@ -104,7 +113,7 @@ class Prompt:
     raw_prompt: list[dict[str, str]] = field(repr=False)
 
 
-def check_chat(chat: Any, index: int, prompt_key: str) -> list[dict[str, str]]:
+def check_chat(chat: Any, where: str, prompt_key: str) -> list[dict[str, str]]:
     if (
         not isinstance(chat, list)
         or not chat
@@ -113,7 +122,7 @@ def check_chat(chat: Any, index: int, prompt_key: str) -> list[dict[str, str]]:
         )
     ):
         raise DataError(
-            f"row {index}: {prompt_key!r} must be a non-empty chat list of "
+            f"{where}: {prompt_key!r} must be a non-empty chat list of "
             f"{{'role': str, 'content': str}}, found {chat!r:.200}"
         )
     return [{"role": m["role"], "content": m["content"]} for m in chat]
@@ -128,7 +137,8 @@ class PromptDataset:
     """Rows with the chat template applied (``add_generation_prompt=True``) and tokenized.
 
     Prompts longer than ``max_prompt_length`` tokens are dropped and counted in ``num_filtered`` when
-    ``filter_overlong``; otherwise the first one is an error.
+    ``filter_overlong``; otherwise the first one is an error, naming its file and row when ``origins`` (from
+    :func:`load_rows_with_origins`) says where each row came from.
     """
 
     def __init__(
@@ -139,8 +149,10 @@ class PromptDataset:
         prompt_key: str = "prompt",
         max_prompt_length: int,
         filter_overlong: bool,
+        origins: list[str] | None = None,
     ) -> None:
-        chats = [check_chat(row.get(prompt_key), i, prompt_key) for i, row in enumerate(rows)]
+        where = origins or [f"row {i}" for i in range(len(rows))]
+        chats = [check_chat(row.get(prompt_key), where[i], prompt_key) for i, row in enumerate(rows)]
         texts = [tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) for chat in chats]
         token_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         self.prompts: list[Prompt] = []
@@ -149,7 +161,7 @@ class PromptDataset:
             if len(ids) > max_prompt_length:
                 if not filter_overlong:
                     raise DataError(
-                        f"row {index}: prompt is {len(ids)} tokens after the chat template, longer than "
+                        f"{where[index]}: prompt is {len(ids)} tokens after the chat template, longer than "
                         f"maxPromptLength {max_prompt_length}; raise data.maxPromptLength or set "
                         "data.filterOverlongPrompts"
                     )

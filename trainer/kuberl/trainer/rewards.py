@@ -6,7 +6,11 @@ A reward function is called as ``fn(data_source, solution_str, ground_truth, ext
 
 Builtins run in the driver. A user's function runs in a process of its own (:class:`RewardProcess`), so that a batch
 past ``reward.timeoutSeconds`` can be killed wherever it is stuck: a Python loop, a sleep, C code holding the GIL.
-Every score must be finite in float32, the dtype the scores are trained in (``1e39`` is finite in float64 only).
+That process leads a process group of its own, so that what the function starts goes with it: at the timeout, on a
+crash and at shutdown the whole group is killed; and its output (its children's too) reaches the driver's log
+through a pipe that passes at most :data:`OUTPUT_BYTES_PER_BATCH` per batch, then one note of what it dropped.
+Every score must be finite in float32, the dtype the scores are trained in (``1e39`` is finite in float64 only), and
+within ±:data:`MAX_ABS_SCORE`.
 """
 
 import asyncio
@@ -18,14 +22,18 @@ import logging
 import math
 import multiprocessing
 import numbers
+import os
 import re
+import signal
 import sys
+import threading
+import time
 import weakref
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 import torch
 
@@ -44,7 +52,7 @@ class RewardTimeoutError(RewardFunctionError):
 
 
 class NonFiniteRewardError(RewardFunctionError):
-    """A score is NaN or infinite in the training dtype (:data:`SCORE_DTYPE`)."""
+    """A score is NaN or infinite in the training dtype (:data:`SCORE_DTYPE`), or beyond :data:`MAX_ABS_SCORE`."""
 
 
 class RewardFunctionLoadError(ValueError):
@@ -53,6 +61,13 @@ class RewardFunctionLoadError(ValueError):
 
 SCORE_DTYPE = torch.float32
 """The dtype scores are trained in: finiteness is checked after the cast to it."""
+MAX_ABS_SCORE = 1e6
+"""The largest score magnitude accepted: far beyond any reward scale in use, and far below where a group's statistics
+in float32 overflow (a score of 3e38 is finite, yet its group's variance is not and every advantage becomes 0)."""
+OUTPUT_BYTES_PER_BATCH = 65536
+"""What a user's reward function (and what it starts) may print per batch into the driver's log."""
+CRASH_POLL_SECONDS = 0.5
+"""How often the driver looks whether the reward process still lives while it waits for a batch."""
 ERROR_KEY = "reward_error"
 """With ``onError: zero``, the extra that is 1 for a sample the function raised on (scored 0), else 0: its batch
 mean is the metric ``reward_extra/reward_error/mean``."""
@@ -240,10 +255,10 @@ def to_output(fn: RewardFunction, index: int, sample: RewardInput, value: Any) -
                 "return a finite number, a bool, or a dict with a numeric 'score'",
             )
         )
-    if not finite_in_score_dtype(score):
+    if not in_score_range(score):
         raise NonFiniteRewardError(
             failure(fn, index, sample, f"returned {score!r:.60}, which is {as_score_dtype(score)} in {SCORE_DTYPE}")
-            + "; return a finite score within float32's range (|score| < 3.4e38)"
+            + f"; return a finite score within ±{MAX_ABS_SCORE:g}"
         )
     return RewardOutput(score=float(score), extra=extra)
 
@@ -257,19 +272,21 @@ def as_score_dtype(value: numbers.Real) -> float:
     return float(torch.tensor(number, dtype=SCORE_DTYPE))
 
 
-def finite_in_score_dtype(value: numbers.Real) -> bool:
-    return math.isfinite(as_score_dtype(value))
+def in_score_range(value: numbers.Real) -> bool:
+    score = as_score_dtype(value)
+    return math.isfinite(score) and abs(score) <= MAX_ABS_SCORE
 
 
 def check_finite(scores: torch.Tensor, data_sources: list[str], source: str) -> None:
     """Raise :class:`NonFiniteRewardError` naming the first sample whose score (already in its training dtype) is
-    NaN or infinite; ``source`` says what scored it (a reward model, an environment)."""
-    bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
+    NaN, infinite or beyond ±MAX_ABS_SCORE; ``source`` says what scored it (a reward model, an environment)."""
+    bad = (~(torch.isfinite(scores) & (scores.abs() <= MAX_ABS_SCORE))).nonzero().flatten().tolist()
     if bad:
         first = bad[0]
         raise NonFiniteRewardError(
             f"{source} scored {scores[first].item()} on sample {first} (data_source={data_sources[first]!r}); "
-            f"{len(bad)} of {len(scores)} scores in the batch are not finite in {scores.dtype}"
+            f"{len(bad)} of {len(scores)} scores in the batch are not finite in {scores.dtype} or beyond "
+            f"±{MAX_ABS_SCORE:g}"
         )
 
 
@@ -364,9 +381,50 @@ RAISED_IN_PROCESS: dict[str, type[RewardFunctionError]] = {
 }
 
 
+class OutputLimit:
+    """This process's stdout and stderr, and its children's (they inherit the descriptors), through a pipe whose
+    reader passes at most OUTPUT_BYTES_PER_BATCH per batch to the driver's stderr and counts the rest; each batch
+    ends with one note of what it dropped. A function printing in a loop cannot flood the job's log."""
+
+    def __init__(self) -> None:
+        self.sink = os.dup(2)
+        read, write = os.pipe()
+        os.dup2(write, 1)
+        os.dup2(write, 2)
+        os.close(write)
+        self.read = read
+        self.lock = threading.Lock()
+        self.budget = OUTPUT_BYTES_PER_BATCH
+        self.dropped = 0
+        threading.Thread(target=self.pump, name="kuberl-reward-output", daemon=True).start()
+
+    def pump(self) -> None:
+        while chunk := os.read(self.read, 65536):
+            with self.lock:
+                shown = chunk[: self.budget]
+                self.budget -= len(shown)
+                self.dropped += len(chunk) - len(shown)
+            if shown:
+                os.write(self.sink, shown)
+
+    def end_batch(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with self.lock:
+            dropped, self.dropped, self.budget = self.dropped, 0, OUTPUT_BYTES_PER_BATCH
+        if dropped:
+            note = (
+                f"[kuberl] the reward function's output was cut: {dropped} more bytes in this batch were not shown "
+                f"(at most {OUTPUT_BYTES_PER_BATCH} per batch)\n"
+            )
+            os.write(self.sink, note.encode())
+
+
 def serve(name: str, policy: RewardPolicy, conn: Connection) -> None:
-    """The reward process: load ``name``, then score each batch received until the driver closes the pipe.
-    Replies ``("ok", outputs)`` or ``("error", class name, message)``."""
+    """The reward process: lead a process group of its own, limit its output, load ``name``, then score each batch
+    received until the driver closes the pipe. Replies ``("ok", outputs)`` or ``("error", class name, message)``."""
+    os.setsid()  # the group the driver kills: this process and whatever the function starts
+    output = OutputLimit()
     try:
         fn = load_reward_function(name)
     except Exception as e:
@@ -379,16 +437,30 @@ def serve(name: str, policy: RewardPolicy, conn: Connection) -> None:
         except EOFError:
             return
         try:
-            conn.send(("ok", InProcessScorer(fn, policy).score(samples)))
+            reply: tuple[Any, ...] = ("ok", InProcessScorer(fn, policy).score(samples))
         except Exception as e:
-            conn.send(("error", type(e).__name__, str(e)))
+            reply = ("error", type(e).__name__, str(e))
+        output.end_batch()
+        conn.send(reply)
+
+
+def kill_group(process: multiprocessing.process.BaseProcess) -> None:
+    """SIGKILL the reward process's group: the process and everything the function started that stayed in it."""
+    if process.pid is None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # gone already (or not yet a group leader: kill it alone)
+        if process.is_alive():
+            process.kill()
 
 
 class RewardProcess:
     """A user's reward function in a spawned process; a batch not scored within the timeout kills it.
 
-    The process is not a daemon, so the function may start processes of its own (a pool, a sandbox); it is killed
-    by :meth:`close`, when this object is collected, and exits when the driver's end of the pipe closes.
+    The process is not a daemon, so the function may start processes of its own (a pool, a sandbox); its process
+    group, those included, is killed by :meth:`close`, when this object is collected, at a timeout and when the
+    process dies (a crash is reported at once, even when a child still holds the pipe open).
     """
 
     def __init__(self, name: str, policy: RewardPolicy) -> None:
@@ -399,7 +471,7 @@ class RewardProcess:
         self.process = context.Process(target=serve, args=(name, policy, child), name="kuberl-reward", daemon=False)
         self.process.start()
         child.close()
-        self.finalizer = weakref.finalize(self, self.process.kill)
+        self.finalizer = weakref.finalize(self, kill_group, self.process)
         status, *reply = self.receive("load", max(LOAD_SECONDS, policy.timeout_seconds))
         if status == "error":
             self.close()
@@ -407,24 +479,33 @@ class RewardProcess:
         self.description: str = reply[0]
 
     def receive(self, doing: str, timeout: float) -> tuple[Any, ...]:
-        if not self.conn.poll(timeout):
-            self.close()
-            raise RewardTimeoutError(
-                f"reward function {self.name!r} did not {doing} within {timeout:g} s (reward.timeoutSeconds = "
-                f"{self.policy.timeout_seconds:g}); its process was killed: a hung function, a deadlock or a call "
-                "stuck in C. Raise reward.timeoutSeconds if the function is only slow"
-            )
+        """The process's reply; a crash is reported within CRASH_POLL_SECONDS of the process's exit (its exit status,
+        not the pipe's end or the process sentinel: a child it forked may hold both open)."""
+        deadline = time.monotonic() + timeout
+        while not self.conn.poll(min(CRASH_POLL_SECONDS, max(0.0, deadline - time.monotonic()))):
+            if not self.process.is_alive():
+                self.crashed(doing)
+            if time.monotonic() >= deadline:
+                self.close()
+                raise RewardTimeoutError(
+                    f"reward function {self.name!r} did not {doing} within {timeout:g} s (reward.timeoutSeconds = "
+                    f"{self.policy.timeout_seconds:g}); its process was killed: a hung function, a deadlock or a "
+                    "call stuck in C. Raise reward.timeoutSeconds if the function is only slow"
+                )
         try:
             reply: tuple[Any, ...] = self.conn.recv()
         except EOFError:
-            self.process.join(timeout=5)
-            code = self.process.exitcode
-            self.close()
-            raise RewardFunctionError(
-                f"reward function {self.name!r}: its process exited with code {code} while trying to {doing} "
-                "(a crash in native code, os._exit, or the OOM killer)"
-            ) from None
+            self.crashed(doing)
         return reply
+
+    def crashed(self, doing: str) -> NoReturn:
+        self.process.join(timeout=5)
+        code = self.process.exitcode
+        self.close()
+        raise RewardFunctionError(
+            f"reward function {self.name!r}: its process exited with code {code} while trying to {doing} "
+            "(a crash in native code, os._exit, or the OOM killer); what it started was killed with it"
+        )
 
     def score(self, samples: list[RewardInput]) -> list[RewardOutput]:
         if not self.process.is_alive():

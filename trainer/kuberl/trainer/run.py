@@ -46,7 +46,7 @@ from kuberl.trainer.advantages import compute_advantages
 from kuberl.trainer.checkpointer import Checkpointer
 from kuberl.trainer.cluster import Cluster
 from kuberl.trainer.collect import Rollouts, collect_batch, place_at_last_token
-from kuberl.trainer.data import Prompt, PromptDataset, PromptLoader, load_rows
+from kuberl.trainer.data import Prompt, PromptDataset, PromptLoader, load_rows, load_rows_with_origins
 from kuberl.trainer.failures import classify
 from kuberl.trainer.kl import apply_kl_in_reward, make_kl_controller
 from kuberl.trainer.metrics import Timer
@@ -56,6 +56,7 @@ from kuberl.trainer.plan import ExecutionPlan
 from kuberl.trainer.reporting import Reporting, write
 from kuberl.trainer.rewards import (
     SCORE_DTYPE,
+    NonFiniteRewardError,
     RewardInput,
     RewardPolicy,
     RewardTimeoutError,
@@ -122,12 +123,14 @@ class Trainer:
         torch.manual_seed(spec.data.seed)
         np.random.seed(spec.data.seed)
         self.tokenizer = load_tokenizer(spec.model.tokenizer_path or spec.model.path)
+        rows, origins = load_rows_with_origins(spec.data.train_files, prompt_key=spec.data.prompt_key)
         dataset = PromptDataset(
-            load_rows(spec.data.train_files, prompt_key=spec.data.prompt_key),
+            rows,
             self.tokenizer,
             prompt_key=spec.data.prompt_key,
             max_prompt_length=spec.data.max_prompt_length,
             filter_overlong=spec.data.filter_overlong_prompts,
+            origins=origins,
         )
         self.loader = PromptLoader(dataset, spec.batch.train_batch_size, seed=spec.data.seed, shuffle=spec.data.shuffle)
         self.val_prompts: list[Prompt] = []
@@ -397,6 +400,13 @@ class Trainer:
             norm_adv_by_std=algo.norm_adv_by_std,
             reward_baselines=batch.reward_baselines,
         )
+        bad = ~torch.isfinite(rows["advantages"].masked_fill(mask == 0, 0)).all(-1)
+        if bad.any():  # scores within MAX_ABS_SCORE keep them finite; values (gae) or the KL penalty may not
+            raise NonFiniteRewardError(
+                f"the {algo.advantage_estimator} advantages of {int(bad.sum())} of {len(bad)} responses are not "
+                f"finite (first: response {int(bad.nonzero()[0])}, scored {batch.scores[bad][0].item()}); the step "
+                "would train on NaN"
+            )
         return token_rewards, metrics
 
     def step_metrics(

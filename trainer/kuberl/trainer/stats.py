@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from kuberl.trainer.data import check_chat, load_rows
+from kuberl.trainer.data import check_chat, load_rows_with_origins
 
 PERCENTILES = (50, 90, 95, 99)
 LENGTH_MULTIPLE = 64
@@ -24,14 +24,14 @@ def length_stats(paths: list[str], tokenizer: PreTrainedTokenizerBase, prompt_ke
     """Prompt lengths after the chat template (``add_generation_prompt=True``), as the trainer counts them, and,
     when rows carry a reference answer (``extra_info.answer``), answer lengths plus one end-of-sequence token,
     as a response that stops would have."""
-    rows = load_rows(paths, prompt_key=prompt_key)
+    rows, origins = load_rows_with_origins(paths, prompt_key=prompt_key)
     if not rows:
         raise ValueError(f"{paths}: no rows to measure")
     texts = [
         tokenizer.apply_chat_template(
-            check_chat(row[prompt_key], i, prompt_key), add_generation_prompt=True, tokenize=False
+            check_chat(row[prompt_key], where, prompt_key), add_generation_prompt=True, tokenize=False
         )
-        for i, row in enumerate(rows)
+        for row, where in zip(rows, origins, strict=True)
     ]
     prompt_lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     stats: dict[str, Any] = {"files": list(paths), "rows": len(rows), "prompt_tokens": percentiles(prompt_lengths)}
