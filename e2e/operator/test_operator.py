@@ -109,6 +109,17 @@ def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
     raise AssertionError(f"no {type_} condition in {obj.get('status')}")
 
 
+def grant_operator_rules(cluster: Cluster, namespace: str) -> None:
+    """The `limited` user gets only rbac.OPERATOR_RULES in `namespace` (the chart's namespaced operator role)."""
+    user = {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "limited"}
+    cluster.apply(
+        [
+            rbac.role("kuberl-operator", namespace, rbac.OPERATOR_RULES),
+            rbac.binding("kuberl-operator", namespace, "kuberl-operator", user),
+        ]
+    )
+
+
 @pytest.fixture
 def k(kube: client.ApiClient, namespace: str) -> Kube:
     return Kube(kube, namespace)
@@ -516,17 +527,7 @@ def test_operator_runs_with_exactly_the_documented_rbac(
     cluster: Cluster, namespace: str, k: Kube, sim: KubeRaySim, tmp_path
 ) -> None:
     """The `limited` user gets only rbac.OPERATOR_RULES in the namespace; the whole create → status cycle works."""
-    cluster.apply(
-        [
-            rbac.role("kuberl-operator", namespace, rbac.OPERATOR_RULES),
-            rbac.binding(
-                "kuberl-operator",
-                namespace,
-                "kuberl-operator",
-                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "limited"},
-            ),
-        ]
-    )
+    grant_operator_rules(cluster, namespace)
     proc = OperatorProcess(kubeconfig=cluster.limited_kubeconfig, log_dir=tmp_path / "op", namespaces=(namespace,))
     proc.start()
     try:

@@ -18,9 +18,8 @@ from e2e.harness import Cluster
 from e2e.operator.kuberay_sim import KubeRaySim
 from e2e.operator.manifests import rljob
 from e2e.operator.process import OperatorProcess
-from e2e.operator.test_operator import GROUP, PLURAL, VERSION, Kube, condition, wait_until
+from e2e.operator.test_operator import GROUP, PLURAL, VERSION, Kube, condition, grant_operator_rules, wait_until
 from kuberl.api.contract import CHECKPOINT_MOUNT, SPEC_FILE
-from kuberl.operator import rbac
 
 KOPF_DIFFBASE = "kuberl.io/last-handled-configuration"
 ANNOTATION_LIMIT = 262144  # bytes of all annotations of an object (apimachinery's TotalAnnotationSizeLimitB)
@@ -128,17 +127,7 @@ def status_writes_refused(cluster: Cluster, namespace: str, rljob_name: str) -> 
 def test_the_resync_restores_the_next_rljob_when_one_status_write_is_refused(
     cluster: Cluster, namespace: str, k: Kube, sim: KubeRaySim, tmp_path: Path
 ) -> None:
-    cluster.apply(
-        [
-            rbac.role("kuberl-operator", namespace, rbac.OPERATOR_RULES),
-            rbac.binding(
-                "kuberl-operator",
-                namespace,
-                "kuberl-operator",
-                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "limited"},
-            ),
-        ]
-    )
+    grant_operator_rules(cluster, namespace)
     proc = OperatorProcess(
         kubeconfig=cluster.limited_kubeconfig,
         log_dir=tmp_path / "op",

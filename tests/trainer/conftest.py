@@ -1,9 +1,11 @@
-"""Fixtures shared by the trainer tests that place workers on Ray."""
+"""Fixtures shared by the trainer tests: a local Ray, small real filesystems."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -22,3 +24,23 @@ def local_ray() -> Iterator[None]:
     )
     yield
     ray.shutdown()
+
+
+@pytest.fixture
+def small_filesystem(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """A tmpfs of the given size (optionally read-only) mounted under tmp_path; skipped where mounting is not allowed."""
+    mounted: list[Path] = []
+
+    def mount(size: str, read_only: bool = False) -> Path:
+        target = tmp_path / f"fs{len(mounted)}"
+        target.mkdir()
+        options = f"size={size}" + (",ro" if read_only else "")
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)], capture_output=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root and CAP_SYS_ADMIN): {result.stderr.decode().strip()}")
+        mounted.append(target)
+        return target
+
+    yield mount
+    for target in mounted:
+        subprocess.run(["umount", "-l", str(target)], check=False)

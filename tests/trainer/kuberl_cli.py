@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,3 +26,51 @@ def kuberl_run(spec_file: Path | str, run_dir: Path | str, timeout: float) -> su
     """Run `kuberl run` to its end from the repository root; output captured as text."""
     command = run_command(spec_file, run_dir)
     return subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=timeout)
+
+
+TINY = "tiny://llama?hidden=32&layers=1&heads=2&kv_heads=1&seed=0"
+
+
+def tiny_job(name: str, checkpoint_dir: Path | str, **trainer: Any) -> dict[str, Any]:
+    """A GRPO RLJob on the tiny model and the digits data, on one CPU rank, writing only metrics.jsonl: the
+    trainer process tests' run; ``trainer`` adds to or overrides spec.trainer (1000 steps by default)."""
+    return {
+        "apiVersion": "kuberl.io/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"path": TINY, "dtype": "float32", "gradientCheckpointing": False},
+            "algorithm": {"advantageEstimator": "grpo"},
+            "data": {
+                "trainFiles": [str(REPO / "examples/data/digits-train.parquet")],
+                "maxPromptLength": 64,
+                "maxResponseLength": 2,
+            },
+            "reward": {"function": "default"},
+            "batch": {"trainBatchSize": 4, "rolloutN": 2, "ppoMiniBatchSize": 4, "ppoMicroBatchSizePerGPU": 8},
+            "rollout": {"engine": "hf"},
+            "trainer": {
+                "totalSteps": 1000,
+                "checkpointDir": str(checkpoint_dir),
+                "metricsPort": 0,
+                "valBeforeTrain": False,
+                "loggers": ["jsonl"],
+                **trainer,
+            },
+            "cluster": {"device": "cpu", "trainer": {"nodes": 1, "gpusPerNode": 1}},
+        },
+    }
+
+
+def start_in_session(command: list[str]) -> subprocess.Popen[str]:
+    """``command`` from the repository root in a session of its own (a signal to its group reaches only it),
+    output merged and captured as text."""
+    return subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=cli_env(),
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )

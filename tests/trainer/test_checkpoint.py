@@ -1,5 +1,6 @@
 """Checkpoints: atomic sealed writes, verified resume with fallback, identity, rotation, any rank count."""
 
+import json
 import multiprocessing
 import os
 import random
@@ -20,11 +21,21 @@ TINY = "tiny://llama?hidden=32&layers=2&heads=2&kv_heads=1&seed=3"
 REPO = Path(__file__).resolve().parents[2]
 
 
+def seal(folder: Path, step: int, identity: ckpt.Identity | None = None) -> None:
+    """Give ``folder/actor`` the files a worker's save leaves that are still missing (DCP indexes, a scheduler),
+    then seal it as the driver does."""
+    for name in ckpt.ROLE_FILES:
+        path = folder / "actor" / name
+        if not path.exists():
+            ckpt.write_atomic(path, lambda f: f.write(b"{}"))
+    ckpt.write_state(folder, {"step": step}, identity, roles=("actor",))
+
+
 def make_checkpoint(root: Path, step: int, identity: ckpt.Identity | None = None, size: int = 4096) -> Path:
     """A sealed checkpoint with a model file of ``size`` bytes (what a driver does after the workers saved)."""
     folder = ckpt.prepare(root, step)
     ckpt.write_atomic(folder / "actor" / "model" / "__0_0.distcp", lambda f: f.write(os.urandom(size)))
-    ckpt.write_state(folder, {"step": step}, identity)
+    seal(folder, step, identity)
     ckpt.mark_latest(root, folder)
     return folder
 
@@ -57,7 +68,14 @@ def test_rotation_never_deletes_the_newest_verified_checkpoint(tmp_path):
 def test_the_manifest_lists_every_file_with_size_and_hash(tmp_path):
     folder = make_checkpoint(tmp_path, 5, size=1000)
     files = ckpt.read_manifest(folder)["files"]
-    assert sorted(files) == ["actor/model/__0_0.distcp", "driver_rng.pt", "trainer_state.json"]
+    assert sorted(files) == [
+        "actor/model/.metadata",
+        "actor/model/__0_0.distcp",
+        "actor/optim/.metadata",
+        "actor/scheduler.json",
+        "driver_rng.pt",
+        "trainer_state.json",
+    ]
     assert files["actor/model/__0_0.distcp"]["size"] == 1000
     assert not list(tmp_path.rglob("*.partial"))
     assert ckpt.verify(folder) is None
@@ -148,7 +166,7 @@ def slow(f):
         time.sleep(0.001)
 print("writing", flush=True)
 ckpt.write_atomic(folder / "actor" / "model" / "__0_0.distcp", slow)
-ckpt.write_state(folder, {"step": step})
+ckpt.write_state(folder, {"step": step}, roles=("actor",))
 ckpt.mark_latest(root, folder)
 """
 
@@ -280,3 +298,106 @@ def test_a_checkpoint_saved_by_two_ranks_loads_into_one(tmp_path):
     export = ckpt.load_full_model_state(folder)
     for name in before["params"]:
         torch.testing.assert_close(export[name], before["params"][name], rtol=0, atol=0)
+
+
+# --- completeness: the manifest must list a whole checkpoint ---------------------------------------------------
+
+
+def test_a_sealed_checkpoint_whose_manifest_lacks_the_model_is_incomplete_and_resume_falls_back(tmp_path):
+    # issue 38: a save whose unfinished folder another trainer deleted under it was sealed with a consistent
+    # manifest and no model; every resume then crashed on it and the intact earlier checkpoint was never tried
+    previous = make_checkpoint(tmp_path, 1)
+    folder = ckpt.prepare(tmp_path, 2)
+    ckpt.write_state(folder, {"step": 2}, roles=("actor",))
+    reason = ckpt.verify(folder)
+    assert reason is not None and "lists no actor/model/.metadata, actor/optim/.metadata" in reason
+    damaged: list[ckpt.Damaged] = []
+    assert ckpt.resolve_resume("auto", tmp_path, damaged=damaged) == previous
+    assert [d.folder for d in damaged] == [folder]
+
+
+def test_every_role_of_the_manifest_must_be_complete(tmp_path):
+    folder = ckpt.prepare(tmp_path, 3)
+    ckpt.write_atomic(folder / "actor" / "model" / "__0_0.distcp", lambda f: f.write(b"x"))
+    seal(folder, 3)  # the actor's files only
+    manifest = ckpt.read_manifest(folder)
+    manifest["roles"] = ["actor", "critic"]
+    ckpt.write_json(folder / ckpt.MANIFEST, manifest)
+    assert "lists no critic/model/.metadata" in (ckpt.verify(folder) or "")
+
+
+# --- one run per folder: the owner lock --------------------------------------------------------------------------
+
+HOLDER = """
+import sys, time
+from kuberl.trainer import checkpoint as ckpt
+owner = ckpt.Owner(uid="uid-a", rljob="first", run_id="run-1", host="here", pid=int(sys.argv[2]), since="then")
+lock = ckpt.take_folder(sys.argv[1], owner, wait_seconds=0)
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def owner(uid: str | None = "uid-a", run_id: str = "run-2") -> ckpt.Owner:
+    return ckpt.Owner(uid=uid, rljob="job", run_id=run_id, host="here", pid=os.getpid(), since="now")
+
+
+@pytest.mark.timeout(120)
+def test_a_held_folder_is_refused_naming_the_holder_until_the_holder_is_killed(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path), "4242"], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        unfinished = ckpt.step_dir(tmp_path, 7)
+        unfinished.mkdir()  # the holder's save in progress: the refused run must not delete it
+        with pytest.raises(
+            ckpt.CheckpointFolderInUse, match=r"in use by run run-1 of RLJob first \(uid uid-a, pid 4242"
+        ):
+            ckpt.take_folder(tmp_path, owner(), wait_seconds=1)
+        assert unfinished.is_dir()
+        holder.send_signal(signal.SIGKILL)  # the kernel drops a dead process's lock
+        holder.wait(timeout=30)
+        lock = ckpt.take_folder(tmp_path, owner(), wait_seconds=5)
+        assert json.loads((tmp_path / ckpt.OWNER).read_text())["run_id"] == "run-2"
+        lock.release()
+    finally:
+        holder.kill()
+
+
+def test_another_rljobs_folder_is_refused_before_anything_in_it_is_deleted(tmp_path):
+    make_checkpoint(tmp_path, 2, ckpt.Identity(uid="uid-a", spec_hash="h"))  # written before owner.json existed
+    unfinished = ckpt.step_dir(tmp_path, 3)
+    unfinished.mkdir()
+    with pytest.raises(ckpt.CheckpointFolderInUse, match=r"holds the checkpoints of .*uid uid-a.*global_step_2"):
+        ckpt.take_folder(tmp_path, owner(uid="uid-b"), wait_seconds=0)
+    assert unfinished.is_dir() and not (tmp_path / ckpt.OWNER).exists()
+    ckpt.take_folder(tmp_path, owner(uid="uid-b"), wait_seconds=0, adopt=True).release()  # trainer.resume asked
+    assert json.loads((tmp_path / ckpt.OWNER).read_text())["uid"] == "uid-b"
+
+
+def test_a_pinned_resume_path_is_used_once_then_the_jobs_own_newer_checkpoint(tmp_path):
+    pinned = make_checkpoint(tmp_path / "old-job", 4, ckpt.Identity(uid="uid-old", spec_hash="h"))
+    mine, identity = tmp_path / "mine", ckpt.Identity(uid="uid-new", spec_hash="h")
+    assert ckpt.resolve_resume(str(pinned), mine, identity) == pinned  # the first attempt starts there
+    own = make_checkpoint(mine, 6, identity)  # ... and saves; a retry continues from its own, not from step 4
+    assert ckpt.resolve_resume(str(pinned), mine, identity) == own
+    other = make_checkpoint(tmp_path / "third", 9, ckpt.Identity(uid="uid-x", spec_hash="h"))
+    assert ckpt.resolve_resume(str(pinned), other.parent, identity) == pinned  # not this job's: the path wins
+
+
+# --- storage: real small and read-only filesystems ---------------------------------------------------------------
+
+
+def test_a_read_only_folder_is_refused_before_training_naming_it(small_filesystem):
+    root = small_filesystem("1m", read_only=True)
+    with pytest.raises(ckpt.CheckpointStorageError, match=r"checkpointDir .*/fs0/ckpt cannot be written: Read-only"):
+        ckpt.take_folder(root / "ckpt", owner(), wait_seconds=0)
+
+
+def test_the_preflight_wants_room_for_the_kept_checkpoints_and_the_next(small_filesystem):
+    root = small_filesystem("1m")
+    assert ckpt.storage_problem(root, 200 * 1024, keep=3) is None  # 4 × 200 KiB fit in 1 MiB
+    problem = ckpt.storage_problem(root, 300 * 1024, keep=3)
+    assert problem is not None and "need 1.2 MiB more at ~300.0 KiB per checkpoint" in problem
+    assert "trainer.maxCheckpoints = 3 kept (0 here now)" in problem and "storage.claim.size" in problem

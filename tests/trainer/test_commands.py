@@ -92,6 +92,7 @@ def make_checkpoint(root: Path) -> tuple[Path, dict]:
 
     from kuberl.trainer import checkpoint as ckpt
     from kuberl.trainer.models import load_causal_lm, load_tokenizer
+    from tests.trainer.test_checkpoint import seal
 
     model = load_causal_lm(TINY, torch.float32)
     folder = ckpt.step_dir(root, 3)
@@ -102,7 +103,7 @@ def make_checkpoint(root: Path) -> tuple[Path, dict]:
     (actor / "lora.json").write_text("{}")
     model.config.save_pretrained(actor / "hf")
     load_tokenizer(TINY).save_pretrained(actor / "hf")
-    ckpt.write_state(folder, {"step": 3})
+    seal(folder, 3)
     ckpt.mark_latest(root, folder)
     return folder, state
 

@@ -12,9 +12,11 @@ import pytest
 from kuberl.api import InvalidSpec
 from kuberl.api.contract import EXIT_PERMANENT
 from kuberl.api.status import FailureClass
+from kuberl.trainer.checkpoint import CheckpointFolderInUse, CheckpointMismatch, CheckpointStorageError
 from kuberl.trainer.data import DataError
 from kuberl.trainer.failures import PERMANENT_ERRORS, classify
 from kuberl.trainer.rewards import RewardFunctionError
+from kuberl.trainer.workers import NonFiniteStepsError
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = "tiny://llama?hidden=32&layers=1&heads=2&kv_heads=1&seed=0"
@@ -49,6 +51,20 @@ def test_a_permanent_error_wrapped_by_a_transient_one_is_permanent() -> None:
         "DataError",
         "row 3: missing column 'prompt'",
     )
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        CheckpointMismatch("a changed spec.batch refuses the resume"),
+        CheckpointFolderInUse("another RLJob's checkpoints"),
+        CheckpointStorageError("no space left for the next checkpoint"),
+        NonFiniteStepsError("10 optimizer steps in a row had a non-finite gradient norm"),
+    ],
+    ids=["refused-resume", "folder-in-use", "storage", "non-finite-steps"],
+)
+def test_what_every_retry_would_meet_again_is_permanent(exc: BaseException) -> None:
+    assert classify(exc).kind == FailureClass.PERMANENT
 
 
 def test_an_oom_or_lost_node_is_transient() -> None:

@@ -15,6 +15,7 @@ from kuberl.trainer.kl import make_kl_controller
 from kuberl.trainer.models import load_tokenizer
 from kuberl.trainer.reporting import Reporting, write
 from kuberl.trainer.status_reporter import StatusReporter
+from tests.trainer.test_checkpoint import seal
 from tests.trainer.test_run_status_reporter import FakeApi, FakeCore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,7 +60,7 @@ def test_a_damaged_checkpoint_is_skipped_with_a_console_warning_and_an_event(tmp
     spec = tiny_spec(tmp_path / "ckpt")
     folder = ckpt.prepare(spec.trainer.checkpoint_dir, 10)
     ckpt.write_atomic(folder / "actor" / "model" / "__0_0.distcp", lambda f: f.write(os.urandom(4096)))
-    ckpt.write_state(folder, {"step": 10}, ckpt.Identity("uid-1", ckpt.resume_fields_hash(spec)))
+    seal(folder, 10, ckpt.Identity("uid-1", ckpt.resume_fields_hash(spec)))
     ckpt.mark_latest(spec.trainer.checkpoint_dir, folder)
     with open(folder / "actor" / "model" / "__0_0.distcp", "r+b") as f:
         f.truncate(100)
@@ -73,6 +74,7 @@ def test_a_damaged_checkpoint_is_skipped_with_a_console_warning_and_an_event(tmp
         total_steps=40,
         reporting=reporting(tmp_path, FakeApi(), core),
     )
+    checkpoints.take_folder()
     assert checkpoints.resume() == 0 and checkpoints.last is None
     assert f"warning: checkpoint {folder} is damaged and was skipped" in capsys.readouterr().out
     ((_, event),) = core.events

@@ -598,6 +598,7 @@ class Critic(SpecModel):
 
 
 Logger = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]
+DEFAULT_MAX_CHECKPOINTS = 3  # trainer.maxCheckpoints: (3 + 1) × 12 B × 1.1e9 parameters ≈ the default 50Gi claim
 
 
 class Tracking(SpecModel):
@@ -638,7 +639,13 @@ class Trainer(SpecModel):
     )
     val_before_train: bool = Field(True, description="Validate once before the first step.")
     max_checkpoints: int | None = Field(
-        None, ge=1, le=10000, description="Keep at most this many checkpoints (oldest removed)."
+        DEFAULT_MAX_CHECKPOINTS,
+        ge=1,
+        le=10000,
+        description=f"Keep at most this many checkpoints (oldest removed; null keeps all). Default "
+        f"{DEFAULT_MAX_CHECKPOINTS}: with the next one being written, {DEFAULT_MAX_CHECKPOINTS + 1} checkpoints of "
+        "~12 bytes per parameter fit the default 50Gi claim for models up to ~1.1B parameters (docs/storage.md); "
+        "before step 1 the trainer checks that the checkpoint folder has room for them.",
     )
     checkpoint_dir: PathStr = Field(
         "checkpoints",

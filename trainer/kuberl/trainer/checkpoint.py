@@ -14,24 +14,34 @@ Layout under ``trainer.checkpointDir``::
              hf/                config and tokenizer, so ``kuberl export`` needs nothing else
       critic/ …                 the same for the critic (gae)
 
-Writes are atomic: a file goes to a temporary name, is fsynced and renamed; a DCP folder is written under a
-temporary name and renamed once every rank has finished. A checkpoint without ``manifest.json`` is incomplete
-(the writer died): resume deletes it. Resume takes the newest checkpoint whose files match its manifest, and
-falls back to the previous one (reported to the caller, which tells the user) when the newest is damaged.
-Rotation never deletes the newest checkpoint that verifies. Nothing is loaded with ``weights_only=False``.
+and beside the step folders ``owner.json`` (the RLJob uid and run that own the folder) and ``owner.lock``.
+
+One run owns a folder at a time: :func:`take_folder` locks ``owner.lock`` (``fcntl`` POSIX lock, released when the
+process ends however it ends, and honoured over NFSv4) before anything in the folder is deleted or written, and
+refuses a folder another RLJob's checkpoints are in. Writes are atomic: a file goes to a temporary name, is fsynced
+and renamed; a DCP folder is written under a temporary name and renamed once every rank has finished. A checkpoint
+without ``manifest.json`` is incomplete (the writer died): resume deletes it. A checkpoint is complete only when its
+manifest lists every file of a checkpoint (the driver's state and RNG; each role's model, optimizer and scheduler)
+and every listed file matches; resume takes the newest complete one and falls back to the previous one (reported to
+the caller, which tells the user) when the newest is not. Rotation never deletes the newest checkpoint that
+verifies. Nothing is loaded with ``weights_only=False``.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +56,30 @@ STATE_FILE = "trainer_state.json"
 DRIVER_RNG = "driver_rng.pt"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 PARTIAL = ".partial"  # suffix of a file or DCP folder being written
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: the manifest names its roles; version 1 had the actor only
 HASH_CHUNK = 1 << 20
 RESUME_FIELDS = ("model", "data", "algorithm", "batch")  # spec fields a resumed run must share with the saved one
+OWNER = "owner.json"
+OWNER_LOCK = "owner.lock"
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of a folder's shards, written last
+ROLE_FILES = (f"model/{DCP_METADATA}", f"optim/{DCP_METADATA}", "scheduler.json")
+"""What every role (actor, critic) of a complete checkpoint holds, besides the shards the metadata indexes."""
+# Bytes a checkpoint takes per parameter: fp32 weights, and Adam's two fp32 moments for a trained one (docs/storage.md
+# has the measurement). The storage preflight sizes checkpoints with them until one exists.
+WEIGHT_BYTES = 4
+OPTIMIZER_BYTES = 8
 
 
 class CheckpointMismatch(ValueError):
     """The checkpoints in checkpointDir belong to another RLJob or to a different spec: resuming would be wrong."""
+
+
+class CheckpointFolderInUse(CheckpointMismatch):
+    """Another run holds the checkpoint folder's lock, or another RLJob's checkpoints are in it."""
+
+
+class CheckpointStorageError(RuntimeError):
+    """The checkpoint folder cannot be written, or cannot hold the checkpoints the run will keep."""
 
 
 @dataclass(frozen=True)
@@ -292,9 +319,12 @@ def checkpoint_files(folder: Path) -> Iterator[Path]:
             yield path
 
 
-def write_state(folder: Path, state: dict[str, Any], identity: Identity | None = None) -> None:
-    """Seal a checkpoint: the driver's state and RNG, then the manifest of every file (sizes, sha256, identity).
-    Call it after every worker has saved; the manifest is the last write and marks the checkpoint complete."""
+def write_state(
+    folder: Path, state: dict[str, Any], identity: Identity | None = None, *, roles: tuple[str, ...]
+) -> None:
+    """Seal a checkpoint: the driver's state and RNG, then the manifest of every file (sizes, sha256, identity) and
+    of the ``roles`` whose state it must hold. Call it after every worker has saved; the manifest is the last write
+    and marks the checkpoint complete."""
     write_json(folder / STATE_FILE, state)
     save_rng(folder / DRIVER_RNG)
     fsync_tree(folder)
@@ -306,6 +336,7 @@ def write_state(folder: Path, state: dict[str, Any], identity: Identity | None =
         "step": state.get("step"),
         "uid": identity.uid if identity else None,
         "specHash": identity.spec_hash if identity else None,
+        "roles": list(roles),
         "files": files,
     }
     write_json(folder / MANIFEST, manifest)
@@ -336,12 +367,24 @@ def restore_driver_rng(folder: Path) -> None:
     load_rng(folder / DRIVER_RNG)
 
 
+def required_files(manifest: dict[str, Any]) -> list[str]:
+    """The files a complete checkpoint's manifest must list: the driver's, and each of its roles' (the actor's
+    alone before manifest version 2)."""
+    roles = manifest.get("roles") or ["actor"]
+    return [STATE_FILE, DRIVER_RNG, *(f"{role}/{name}" for role in roles for name in ROLE_FILES)]
+
+
 def verify(folder: Path) -> str | None:
-    """None when every file in the manifest is there with its size and hash; else what is wrong."""
+    """None when the manifest lists every file of a complete checkpoint and each is there with its size and hash;
+    else what is wrong. (A manifest can be consistent yet lack the model: a save whose unfinished folder another
+    process deleted under it.)"""
     try:
         manifest = read_manifest(folder)
     except (OSError, ValueError) as exc:
         return f"{folder / MANIFEST} unreadable: {exc}"
+    missing = [name for name in required_files(manifest) if name not in manifest.get("files", {})]
+    if missing:
+        return f"{folder} is incomplete: its manifest lists no {', '.join(missing)} (the save lost them)"
     for name, expected in manifest.get("files", {}).items():
         path = folder / name
         if not path.is_file():
@@ -420,6 +463,20 @@ def check_identity(folder: Path, identity: Identity) -> None:
         )
 
 
+def step_of(folder: Path) -> int:
+    match = STEP_DIR.match(folder.name)
+    return int(match.group(1)) if match else -1
+
+
+def is_own(folder: Path, identity: Identity | None) -> bool:
+    """Whether ``folder`` was saved by this RLJob with this spec (its manifest's uid and spec hash)."""
+    manifest = read_manifest(folder)
+    return identity is not None and (manifest.get("uid"), manifest.get("specHash")) == (
+        identity.uid,
+        identity.spec_hash,
+    )
+
+
 def resolve_resume(
     resume: str,
     checkpoint_dir: str | Path,
@@ -428,24 +485,200 @@ def resolve_resume(
 ) -> Path | None:
     """``trainer.resume``: "disable" → None; "auto" → the newest verified checkpoint of this job (incomplete
     folders removed, damaged ones skipped and listed in ``damaged``), or None; else that folder, verified, with
-    no identity check (naming a path is the explicit way to start from another run's checkpoint)."""
+    no identity check (naming a path is the explicit way to start from another run's checkpoint) — unless this
+    job has since saved a newer checkpoint of its own in ``checkpoint_dir`` (an earlier attempt started from the
+    path): a named path is used once, a retry continues where the job got to. Call it holding the folder's lock
+    (:func:`take_folder`): it deletes unfinished step folders."""
     if resume == "disable":
         return None
+    remove_incomplete(checkpoint_dir)
+    newest = newest_verified(checkpoint_dir, damaged)
     if resume == "auto":
-        remove_incomplete(checkpoint_dir)
-        folder = newest_verified(checkpoint_dir, damaged)
-        if folder is not None and identity is not None:
-            check_identity(folder, identity)
-        return folder
+        if newest is not None and identity is not None:
+            check_identity(newest, identity)
+        return newest
     folder = Path(resume).expanduser()
     if not STEP_DIR.match(folder.name):
         raise ValueError(f"trainer.resume {resume!r}: name a global_step_N folder, or use auto / disable")
+    if newest is not None and step_of(newest) > step_of(folder) and is_own(newest, identity):
+        log.info("trainer.resume names %s, but this job has since saved %s: resuming there", folder, newest)
+        return newest
     if not is_complete(folder):
         raise FileNotFoundError(f"trainer.resume {resume!r}: no complete checkpoint there ({MANIFEST} missing)")
     reason = verify(folder)
     if reason is not None:
         raise ValueError(f"trainer.resume {resume!r}: the checkpoint is damaged: {reason}")
     return folder
+
+
+# --- owning a folder ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who holds a checkpoint folder: the RLJob (``uid`` None outside Kubernetes) and this run of it."""
+
+    uid: str | None
+    rljob: str
+    run_id: str
+    host: str = ""
+    pid: int = 0
+    since: str = ""
+
+    def describe(self) -> str:
+        where = f", pid {self.pid} on {self.host} since {self.since}" if self.pid else ""
+        return f"run {self.run_id or '?'} of RLJob {self.rljob or '?'} (uid {self.uid or 'none: a local run'}{where})"
+
+
+class FolderLock:
+    """A run's hold on its checkpoint folder (the lock on ``owner.lock``): until :meth:`release` or the process
+    ends, however it ends (the kernel, or the NFS server, drops a dead process's lock)."""
+
+    def __init__(self, fd: int, folder: Path) -> None:
+        self.fd: int | None = fd
+        self.folder = folder
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the file drops its POSIX lock
+            self.fd = None
+
+
+def read_owner(checkpoint_dir: Path) -> Owner | None:
+    """The folder's recorded owner: ``owner.json``, or for a folder written before it existed the uid in its
+    newest manifest; None for a folder no run has used."""
+    try:
+        recorded = json.loads((checkpoint_dir / OWNER).read_text())
+        return Owner(**{k: recorded.get(k) for k in Owner.__dataclass_fields__})
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, TypeError) as exc:
+        log.warning("%s unreadable (%s): judging the folder by its checkpoints", checkpoint_dir / OWNER, exc)
+    sealed = list_checkpoints(checkpoint_dir)
+    if not sealed:
+        return None
+    try:
+        uid = read_manifest(sealed[-1][1]).get("uid")
+    except (OSError, ValueError):
+        return None
+    return Owner(uid=uid, rljob=str(read_state_or_empty(sealed[-1][1]).get("rljob") or ""), run_id="")
+
+
+def read_state_or_empty(folder: Path) -> dict[str, Any]:
+    try:
+        return read_state(folder)
+    except (OSError, ValueError):
+        return {}
+
+
+def take_folder(checkpoint_dir: str | Path, owner: Owner, *, wait_seconds: float, adopt: bool = False) -> FolderLock:
+    """Lock ``checkpoint_dir`` for ``owner`` before anything in it is deleted or written, and record the owner.
+
+    Another run holding the lock (a second trainer on the folder, or the previous attempt still saving after a stop)
+    is waited for up to ``wait_seconds``, then refused naming it. A folder whose checkpoints are another RLJob's is
+    refused unless ``adopt`` (``trainer.resume`` names a checkpoint in it: starting from it was asked for).
+    Raises :class:`CheckpointFolderInUse`, or :class:`CheckpointStorageError` when the folder cannot be made."""
+    root = Path(checkpoint_dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root / OWNER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise CheckpointStorageError(unwritable(root, exc)) from exc
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                raise CheckpointStorageError(unwritable(root, exc)) from exc
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                holder = read_owner(root)
+                raise CheckpointFolderInUse(
+                    f"trainer.checkpointDir {root} is in use by "
+                    f"{holder.describe() if holder else 'another process'} (waited {wait_seconds:g} s for it): two "
+                    "trainers in one folder delete each other's unfinished checkpoints; stop the other run, or give "
+                    "this one its own trainer.checkpointDir"
+                ) from None
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    lock = FolderLock(fd, root)
+    previous = read_owner(root)
+    if previous is not None and previous.uid != owner.uid and not adopt:
+        lock.release()
+        newest = find_latest(root)
+        raise CheckpointFolderInUse(
+            f"trainer.checkpointDir {root} holds the checkpoints of {previous.describe()}, not of this RLJob (uid "
+            f"{owner.uid or 'none: a local run'}): a run deletes unfinished and old checkpoints in its folder, so "
+            "it does not take another job's; give this RLJob its own checkpointDir (on a claim a relative one is "
+            "per RLJob), or set trainer.resume to one of its global_step_N folders to start from it"
+            + (f" (the newest is {newest})" if newest else "")
+        )
+    try:
+        write_json(root / OWNER, asdict(owner))
+    except OSError as exc:
+        lock.release()
+        raise CheckpointStorageError(unwritable(root, exc)) from exc
+    return lock
+
+
+# --- storage --------------------------------------------------------------------------------------------------
+
+
+def size_text(num_bytes: float) -> str:
+    """``num_bytes`` for people: 312.5 KiB, 5.6 GiB."""
+    if num_bytes < 1024:
+        return f"{int(num_bytes)} B"
+    units = ("KiB", "MiB", "GiB")
+    power = min(len(units), int(math.log(num_bytes, 1024)))
+    return f"{num_bytes / 1024**power:.1f} {units[power - 1]}"
+
+
+FULL_HINT = "give the claim more space (storage.claim.size), lower trainer.maxCheckpoints, or delete old checkpoints"
+
+
+def unwritable(root: Path, exc: OSError) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"trainer.checkpointDir {root} is full ({exc.strerror}): {FULL_HINT}"
+    return (
+        f"trainer.checkpointDir {root} cannot be written: {exc.strerror or exc} ({exc.filename or root}); mount a "
+        "writable volume there (storage.claim, or a cluster.volumes entry that is not read-only) or choose another "
+        "checkpointDir"
+    )
+
+
+def checkpoint_size(checkpoint_dir: Path) -> int | None:
+    """Bytes of one checkpoint as the newest sealed one in ``checkpoint_dir`` measures; None when there is none."""
+    for _, folder in reversed(list_checkpoints(checkpoint_dir)):
+        try:
+            return sum(int(f["size"]) for f in read_manifest(folder)["files"].values())
+        except (OSError, ValueError, KeyError):
+            continue
+    return None
+
+
+def storage_problem(checkpoint_dir: str | Path, checkpoint_bytes: int, *, keep: int = 0) -> str | None:
+    """What keeps ``checkpoint_dir`` from taking the next checkpoint (and, with ``keep``, the ``keep`` it keeps
+    meanwhile: the newest is written before rotation deletes the oldest); None when nothing does. Writes and
+    deletes a probe file."""
+    root = Path(checkpoint_dir)
+    probe = root / f".write-probe-{os.getpid()}"
+    try:
+        write_atomic(probe, lambda f: f.write(bytes(4096)))
+        probe.unlink()
+    except OSError as exc:
+        return unwritable(root, exc)
+    held = len(list_checkpoints(root))
+    needed = max(1, keep + 1 - held) * checkpoint_bytes
+    free = shutil.disk_usage(root).free
+    if free >= needed:
+        return None
+    kept = f"trainer.maxCheckpoints = {keep} kept ({held} here now) and the next" if keep else "the next checkpoint"
+    return (
+        f"trainer.checkpointDir {root} has {size_text(free)} free, but {kept} need {size_text(needed)} more at "
+        f"~{size_text(checkpoint_bytes)} per checkpoint: {FULL_HINT}"
+    )
 
 
 def rotate(checkpoint_dir: str | Path, max_checkpoints: int | None) -> list[Path]:

@@ -53,6 +53,8 @@ class Cluster:
         self.agent: AgentLoop | None = None
         """The multi-turn loop (rollout.agent); None for single-turn rollouts."""
         self.pad_id: int
+        self.params: tuple[int, int]
+        """The policy's parameters, and of them the trained ones."""
         self.eos_ids: list[int]
         self.model_config: Any
         self.gpu_name: str | None = None
@@ -149,6 +151,7 @@ class Cluster:
         info = self.actor.all("init_model", total_steps)[0]
         self.pad_id = info["pad_id"]
         self.eos_ids = info["eos_ids"]
+        self.params = (info["params"], info["trainable_params"])
         self.agent = self.start_agent(tokenizer, agent_prompts)
         self.write(
             f"policy {spec.model.path}: {info['params'] / 1e6:.2f}M parameters, "

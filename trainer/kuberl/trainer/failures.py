@@ -12,11 +12,13 @@ from __future__ import annotations
 from kuberl.api import InvalidSpec
 from kuberl.api.contract import timestamp
 from kuberl.api.status import Failure, FailureClass
+from kuberl.trainer.checkpoint import CheckpointMismatch, CheckpointStorageError
 from kuberl.trainer.data import DataError
 from kuberl.trainer.models import ModelNotFoundError
 from kuberl.trainer.rewards import RewardFunctionError, RewardFunctionLoadError
 from kuberl.trainer.rollout.layout import PlacementError
 from kuberl.trainer.sources import SourceError
+from kuberl.trainer.workers import NonFiniteStepsError
 
 PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     DataError,  # unreadable or invalid prompts
@@ -26,6 +28,9 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     RewardFunctionLoadError,  # reward.function names nothing callable
     PlacementError,  # the pools cannot host the rollout layout
     InvalidSpec,  # the spec fails the rules
+    CheckpointMismatch,  # another RLJob's checkpoints, a folder another run holds, a resume the changed spec refuses
+    CheckpointStorageError,  # a checkpoint folder that cannot be written, or cannot hold the checkpoints kept
+    NonFiniteStepsError,  # trainer.maxConsecutiveSkippedSteps non-finite steps: the same data and weights again
 )
 
 MAX_CHAIN = 8  # causes followed (a Ray task error wraps the worker's exception)

@@ -154,15 +154,6 @@ class Trainer:
             f"{self.total_steps} steps, {len(self.loader)} per epoch; {len(dataset)} prompts "
             f"({dataset.num_filtered} overlong filtered), {len(self.val_prompts)} validation prompts"
         )
-        policy = RewardPolicy(spec.reward.timeout_seconds, spec.reward.on_error, spec.reward.max_error_fraction)
-        self.reward_fn = None if spec.reward.model else make_scorer(spec.reward.function, policy)
-        self.rm_tokenizer = load_tokenizer(spec.reward.model.path) if spec.reward.model else None
-        self.cluster.start(
-            total_steps=self.total_steps,
-            tokenizer=self.tokenizer,
-            agent_prompts=[*self.loader.dataset.prompts, *self.val_prompts],
-        )
-        self.flops_per_token = model_family_flops_per_token(self.cluster.model_config)
         self.reporting = Reporting(
             spec, rljob=self.name, namespace=self.namespace, run_dir=self.run_dir, total_steps=self.total_steps
         )
@@ -175,6 +166,16 @@ class Trainer:
             total_steps=self.total_steps,
             reporting=self.reporting,
         )
+        self.checkpoints.take_folder()  # before Ray starts: a folder this run cannot own or write fails at once
+        policy = RewardPolicy(spec.reward.timeout_seconds, spec.reward.on_error, spec.reward.max_error_fraction)
+        self.reward_fn = None if spec.reward.model else make_scorer(spec.reward.function, policy)
+        self.rm_tokenizer = load_tokenizer(spec.reward.model.path) if spec.reward.model else None
+        self.cluster.start(
+            total_steps=self.total_steps,
+            tokenizer=self.tokenizer,
+            agent_prompts=[*self.loader.dataset.prompts, *self.val_prompts],
+        )
+        self.flops_per_token = model_family_flops_per_token(self.cluster.model_config)
         self.global_step = self.checkpoints.resume()
         if spec.rollout.overlap == "oneStepOffPolicy":
             self.generation = AheadGeneration(lambda prompts, timer: collect_batch(self, prompts, timer))
@@ -613,6 +614,8 @@ class Trainer:
         if reward_fn is not None:
             reward_fn.close()
         self.cluster.shutdown(pod_stopping=self.stop_code == EXIT_STOPPED)
+        if hasattr(self, "checkpoints"):
+            self.checkpoints.release()
 
 
 # --- entry points ----------------------------------------------------------------------------------------------

@@ -1,0 +1,142 @@
+"""Real trainer processes meeting checkpoint faults (issue 38): a second trainer on a folder in use, a read-only
+and a full filesystem, a resume the changed spec refuses, a finished run started again. What a retry would meet
+again ends the entrypoint with EXIT_PERMANENT, naming the folder and what to do."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kuberl.api.contract import EXIT_PERMANENT, EXIT_STOPPED
+from kuberl.trainer import checkpoint as ckpt
+from tests.trainer.kuberl_cli import REPO, cli_env, kuberl_run, run_command, start_in_session, tiny_job
+
+
+def job(checkpoint_dir: Path, **trainer: Any) -> dict[str, Any]:
+    doc = tiny_job("faults", checkpoint_dir, saveFreq=1, **trainer)
+    doc["spec"]["runPolicy"] = {"terminationGracePeriodSeconds": 2}  # how long a second trainer waits for the folder
+    return doc
+
+
+def write(path: Path, doc: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def entrypoint_command(spec_file: Path, tmp_path: Path) -> list[str]:
+    """The RayJob's entrypoint as the operator renders it, on an embedded Ray (`--address ""`)."""
+    command = [sys.executable, "-m", "kuberl.trainer.run", "--spec-file", str(spec_file), "--name", "faults"]
+    return [*command, "--address", "", "--run-dir", str(tmp_path / "entry")]
+
+
+def entrypoint(spec_file: Path, tmp_path: Path, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        entrypoint_command(spec_file, tmp_path),
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def wait_for_checkpoint(folder: Path, proc: subprocess.Popen[str], timeout: float = 300) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sealed = ckpt.list_checkpoints(folder)
+        if sealed:
+            return sealed[0][1]
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.5)
+    raise AssertionError(f"no checkpoint in {folder} after {timeout} s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(700)
+def test_a_second_trainer_on_a_folder_in_use_exits_permanent_and_deletes_nothing(tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    spec_file = write(tmp_path / "job.yaml", job(folder))
+    first = start_in_session(run_command(spec_file, tmp_path / "first"))
+    try:
+        wait_for_checkpoint(folder, first)
+        second = entrypoint(spec_file, tmp_path, timeout=120)
+        assert second.returncode == EXIT_PERMANENT, second.stderr[-3000:]
+        holder = json.loads((folder / ckpt.OWNER).read_text())
+        assert f"is in use by run {holder['run_id']} of RLJob faults" in second.stderr
+        assert f"pid {first.pid}" in second.stderr
+        assert "Started a local Ray instance" not in second.stderr  # refused before Ray and the models
+        os.kill(first.pid, signal.SIGTERM)
+        output, _ = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert first.returncode == 143, output[-3000:]
+    sealed = ckpt.list_checkpoints(folder)
+    assert sealed and all(ckpt.verify(path) is None for _, path in sealed)  # its checkpoints are whole
+    assert not [path for _, path in ckpt.step_folders(folder) if not ckpt.is_complete(path)]
+
+
+@pytest.mark.timeout(200)
+def test_a_read_only_checkpoint_folder_exits_permanent_before_ray_starts(tmp_path: Path, small_filesystem: Any) -> None:
+    root = small_filesystem("1m", read_only=True)
+    proc = entrypoint(write(tmp_path / "job.yaml", job(root / "ckpt")), tmp_path, timeout=180)
+    assert proc.returncode == EXIT_PERMANENT, proc.stderr[-3000:]
+    assert f"CheckpointStorageError: trainer.checkpointDir {root / 'ckpt'} cannot be written: Read-only" in proc.stderr
+    assert "Started a local Ray instance" not in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(700)
+def test_a_disk_that_fills_during_the_run_exits_permanent_at_the_save(tmp_path: Path, small_filesystem: Any) -> None:
+    root = small_filesystem("4m")
+    folder = root / "ckpt"
+    spec_file = write(tmp_path / "job.yaml", job(folder, maxCheckpoints=2))
+    proc = start_in_session(entrypoint_command(spec_file, tmp_path))
+    try:
+        wait_for_checkpoint(folder, proc)
+        with open(root / "filler", "wb") as filler:  # another writer takes the rest of the volume
+            try:
+                while True:
+                    filler.write(bytes(1 << 16))
+                    filler.flush()
+            except OSError:
+                pass
+        output, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == EXIT_PERMANENT, output[-4000:]
+    assert "error: CheckpointStorageError: saving the checkpoint of step" in output
+    assert f"trainer.checkpointDir {folder} " in output and "storage.claim.size" in output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_finished_run_says_it_trained_nothing_and_a_changed_batch_is_refused_for_good(tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    finished = kuberl_run(write(tmp_path / "job.yaml", job(folder, totalSteps=2)), tmp_path / "run", timeout=400)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "2 steps in" in finished.stdout and "now at step 2 of 2" in finished.stdout
+
+    new_lr = job(folder, totalSteps=2)
+    new_lr["spec"]["actor"] = {"optim": {"lr": 1e-3}}
+    again = kuberl_run(write(tmp_path / "lr.yaml", new_lr), tmp_path / "run", timeout=400)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "nothing to train: resumed at step 2, which is trainer.totalSteps (2)" in again.stdout
+
+    batch = job(folder, totalSteps=4)
+    batch["spec"]["batch"]["ppoMicroBatchSizePerGPU"] = 4
+    refused = entrypoint(write(tmp_path / "batch.yaml", batch), tmp_path)
+    assert refused.returncode == EXIT_PERMANENT, refused.stderr[-3000:]
+    assert "error: CheckpointMismatch: trainer.checkpointDir" in refused.stderr
+    assert "different spec.model/data/algorithm/batch" in refused.stderr
+    assert refused.returncode != EXIT_STOPPED
