@@ -107,13 +107,13 @@ def rendered(example: str = "gsm8k-grpo.yaml", **changes: Any) -> tuple[dict[str
     name, spec = load_rljob(ROOT / "examples" / example)
     spec = spec.model_copy(update=changes)
     rayjob = render_rayjob(name, "rl-team", "u-1", spec)
-    return {"metadata": {"name": name, "namespace": "rl-team", "uid": "u-1"}}, rayjob, spec_json(spec)
+    return {"metadata": {"name": name, "namespace": "rl-team", "uid": "u-1"}}, rayjob, spec_json(spec, name, "u-1")
 
 
 def test_the_log_path_is_the_pods_checkpoint_dir_on_the_claim() -> None:
     _, rayjob, spec = rendered()
     assert spec_configmap(head_template(rayjob)) == "gsm8k-grpo-spec"
-    assert log_path(spec) == f"{CHECKPOINT_MOUNT}/gsm8k-grpo/{DRIVER_LOG}"
+    assert log_path(spec) == f"{CHECKPOINT_MOUNT}/gsm8k-grpo-u-1/gsm8k-grpo/{DRIVER_LOG}"  # the RLJob's own folder
 
 
 def test_the_reader_pod_mounts_what_the_head_mounts_read_only_and_prints_the_log() -> None:
