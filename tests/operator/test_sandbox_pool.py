@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from kuberl.api.contract import POOL_LABEL, RLJOB_LABEL, SANDBOX_LABEL, SANDBOX_PORT
+from kuberl.api.policy import Policy
 from kuberl.api.spec import RLJobSpec, SandboxExecution
 from kuberl.api.status import RLJobStatus
 from kuberl.operator.rayjob import RenderError, render_networkpolicy, render_rayjob
 from kuberl.operator.sandbox import pools_status, render_pools
-from kuberl.api.policy import Policy
 from kuberl.sandbox.__main__ import build_parser
 from kuberl.sandbox.protocol import Limits
 from kuberl.sandbox.settings import limits_of
