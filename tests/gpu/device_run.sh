@@ -63,7 +63,9 @@ install_verl() {
   log "install-verl"
   (cd /root/verl-stage && sha256sum -c SHA256SUMS) 2>&1 | tee -a "$OUT/session.log" \
     | grep -q -e FAILED -e "No such file" && { log "verl wheels: sha256 mismatch or missing"; return 2; }
+  # verl's dataset reads parquet through Hugging Face datasets: the copy staged with TRL's wheels (install)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /root/verl-site /root/verl-stage/*.whl \
+    /root/extra/datasets-*.whl /root/extra/multiprocess-*.whl \
     >> "$OUT/install.log" 2>&1 || { log "verl wheels failed"; return 1; }
   VERL_SITE=/root/verl-site
   if [ "${VERL_TF59:-0}" = 1 ]; then
