@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 
 from kuberl.api import RLJobSpec, parse_spec, plan_batches, validate_document
+from kuberl.api.spec import Rollout
 from kuberl.api.validation import InvalidSpec
 from tests.api.cases import BASE
 
@@ -79,6 +81,64 @@ def test_run_fields_are_immutable_while_running(path: str, value: object) -> Non
     node[last] = value
     issues = [i for i in validate_document(new, old=old) if i.rule == "run-fields-immutable-while-active"]
     assert len(issues) == 1 and "suspend it first" in issues[0].message
+
+
+def _running_with_rollout_pool() -> dict[str, Any]:
+    doc = copy.deepcopy(BASE)
+    doc["spec"]["rollout"] = {"placement": "separate", "overlap": "async"}
+    doc["spec"]["cluster"]["rollout"] = {"nodes": 2, "gpusPerNode": 8}
+    doc["status"] = {"phase": "Running"}
+    return doc
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_rollout_pool_size_may_change_while_running(nodes: int) -> None:
+    old = _running_with_rollout_pool()
+    new = copy.deepcopy(old)
+    new["spec"]["cluster"]["rollout"]["nodes"] = nodes
+    assert validate_document(new, old=old) == []
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("gpusPerNode", 4),
+        ("memory", "64Gi"),
+        ("nodeSelector", {"pool": "spot"}),
+        ("affinity", {"nodeAffinity": {}}),
+        ("pod", {"hostNetwork": True}),
+    ],
+)
+def test_other_rollout_pool_fields_are_immutable_while_running(key: str, value: object) -> None:
+    old = _running_with_rollout_pool()
+    new = copy.deepcopy(old)
+    new["spec"]["cluster"]["rollout"][key] = value
+    new["spec"]["cluster"]["rollout"]["nodes"] = 3
+    issues = [i for i in validate_document(new, old=old) if i.rule == "run-fields-immutable-while-active"]
+    assert len(issues) == 1 and "all but its nodes" in issues[0].message
+
+
+def test_rollout_pool_affinity_may_be_removed_only_while_suspended() -> None:
+    old = _running_with_rollout_pool()
+    old["spec"]["cluster"]["rollout"]["affinity"] = {"nodeAffinity": {}}
+    new = copy.deepcopy(old)
+    del new["spec"]["cluster"]["rollout"]["affinity"]
+    assert [i.rule for i in validate_document(new, old=old)] == ["run-fields-immutable-while-active"]
+    old["status"]["phase"] = "Suspended"
+    assert validate_document(new, old=old) == []
+
+
+@pytest.mark.parametrize(
+    ("rollout", "limit"),
+    [
+        ({}, 0),
+        ({"overlap": "oneStepOffPolicy"}, 1),
+        ({"overlap": "async"}, 1),
+        ({"overlap": "async", "maxStaleness": 3}, 3),
+    ],
+)
+def test_staleness_limit_follows_the_overlap(rollout: dict[str, Any], limit: int) -> None:
+    assert Rollout.model_validate(rollout).staleness_limit == limit
 
 
 def test_run_fields_may_change_while_suspended() -> None:

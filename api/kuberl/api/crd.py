@@ -162,6 +162,9 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean"},
     {"name": "Progress", "type": "integer", "jsonPath": ".status.progress.percentComplete"},
     {"name": "ETA", "type": "string", "jsonPath": ".status.progress.estimatedRemainingTimeSummary"},
+    # rollout engines in use (separate pool; the trainer reports them) and the rollout pods ready (the operator)
+    {"name": "Engines", "type": "integer", "jsonPath": ".status.progress.rolloutEngines"},
+    {"name": "RolloutPods", "type": "integer", "jsonPath": ".status.rollout.readyReplicas", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Total", "type": "integer", "jsonPath": ".status.progress.totalSteps", "priority": 1},
     {"name": "Algorithm", "type": "string", "jsonPath": ".spec.algorithm.advantageEstimator", "priority": 1},

@@ -18,7 +18,7 @@ from functools import cached_property
 from typing import Literal
 
 from kuberl.api.contract import CHECKPOINT_MOUNT, MAX_NAME_LENGTH
-from kuberl.api.spec import AGENT_BUILTIN_TOOLS
+from kuberl.api.spec import AGENT_BUILTIN_TOOLS, NodePool, SpecModel
 from kuberl.api.status import ACTIVE_PHASES
 
 MACROS: dict[str, str] = {
@@ -218,9 +218,28 @@ STORAGE_RULES: tuple[Rule, ...] = (
     ),
 )
 
+
+def unchanged_but(new: str, old: str, model: type[SpecModel], field: str) -> str:
+    """CEL: the objects `new` and `old` of type `model` are equal in every field but `field` (an optional field
+    absent from both counts as equal)."""
+    checks = []
+    for name, info in model.model_fields.items():
+        if name == field:
+            continue
+        key = info.alias or name
+        if info.default is None:
+            checks.append(f"has({new}.{key}) == has({old}.{key}) && (!has({new}.{key}) || {new}.{key} == {old}.{key})")
+        else:
+            checks.append(f"{new}.{key} == {old}.{key}")
+    return " && ".join(f"({check})" for check in checks)
+
+
 # spec fields a running trainer cannot honour: what it trains (model, data, reward), where its checkpoints are and
 # the pools its Ray cluster was built with
 RUN_FIELDS = ("model", "data", "reward", "storage")
+# ... but the size of the separate rollout pool: the operator resizes the running Ray cluster's rollout worker group
+# and the trainer takes engines in and out as their pods come and go (docs/operator.md, Resizing the rollout pool).
+ELASTIC_POOL_FIELD = "nodes"
 RUN_RULES: tuple[Rule, ...] = (
     Rule(
         id="run-fields-immutable-while-active",
@@ -229,10 +248,12 @@ RUN_RULES: tuple[Rule, ...] = (
         + " && ".join(f"self.spec.{f} == oldSelf.spec.{f}" for f in RUN_FIELDS)
         + " && self.spec.cluster.trainer == oldSelf.spec.cluster.trainer"
         " && has(self.spec.cluster.rollout) == has(oldSelf.spec.cluster.rollout)"
-        " && (!has(self.spec.cluster.rollout) || self.spec.cluster.rollout == oldSelf.spec.cluster.rollout))",
-        message="spec.model, data, reward, storage, cluster.trainer and cluster.rollout cannot change while the job is "
-        "${oldSelf.status.phase}: the running trainer and its pods would not follow; suspend it first "
-        "(runPolicy.suspend: true)",
+        " && (!has(self.spec.cluster.rollout) || "
+        + unchanged_but("self.spec.cluster.rollout", "oldSelf.spec.cluster.rollout", NodePool, ELASTIC_POOL_FIELD)
+        + "))",
+        message="spec.model, data, reward, storage, cluster.trainer and cluster.rollout (all but its nodes, the size of "
+        "the rollout pool, which is resized in place) cannot change while the job is ${oldSelf.status.phase}: the "
+        "running trainer and its pods would not follow; suspend it first (runPolicy.suspend: true)",
         verl="ours",
         scope="root",
     ),
@@ -535,6 +556,24 @@ RULES: tuple[Rule, ...] = (
         message="rollout.overlap ${self.rollout.overlap} is not supported with rollout.agent: the agent loop keeps "
         "one batch's trajectories on the driver until they are scored, so two batches cannot be in flight; set "
         "rollout.overlap none",
+        verl="ours",
+    ),
+    Rule(
+        id="max-staleness-needs-async",
+        field="rollout.maxStaleness",
+        rule="!has(self.rollout.maxStaleness) || self.rollout.overlap == 'async'",
+        message="rollout.maxStaleness = ${self.rollout.maxStaleness} bounds the staleness of rollout.overlap async, "
+        "but rollout.overlap is ${self.rollout.overlap}, whose staleness is fixed (${self.rollout.overlap == 'none' "
+        "? '0' : 'exactly 1'}); set rollout.overlap async or remove rollout.maxStaleness",
+        verl="ours",
+    ),
+    Rule(
+        id="partial-rollouts-need-async",
+        field="rollout.partialRollouts",
+        rule="!self.rollout.partialRollouts || self.rollout.overlap == 'async'",
+        message="rollout.partialRollouts continues generations in flight across a weight update, but with "
+        "rollout.overlap ${self.rollout.overlap} no generation is in flight while the weights change; set "
+        "rollout.overlap async or rollout.partialRollouts false",
         verl="ours",
     ),
     # --- security (docs/security.md): secrets are referenced, never copied; the spec stays small -----------------

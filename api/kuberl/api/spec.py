@@ -516,6 +516,10 @@ class Agent(SpecModel):
     )
 
 
+DEFAULT_MAX_STALENESS = 1  # rollout.maxStaleness under overlap async: no sample older than oneStepOffPolicy's
+MAX_STALENESS = 64  # its bound: far past where per-sample importance weights still correct anything
+
+
 class Rollout(SpecModel):
     engine: Literal["vllm", "hf"] = Field(
         "vllm", description="vllm on GPUs; hf (transformers generate) for CPU runs and debugging."
@@ -545,12 +549,37 @@ class Rollout(SpecModel):
         description="Multi-turn rollouts with tools or an environment; tool outputs are masked out of the loss "
         "(docs/agentic.md).",
     )
-    overlap: Literal["none", "oneStepOffPolicy"] = Field(
+    overlap: Literal["none", "oneStepOffPolicy", "async"] = Field(
         "none",
         description="none: each step generates its batch with the weights it then trains. oneStepOffPolicy "
         "(placement separate): the engines generate the next batch while the trainer updates on this one, with "
-        "weights one step old (staleness exactly 1; pair it with algorithm.rolloutCorrection; docs/performance.md).",
+        "weights one step old (staleness exactly 1; pair it with algorithm.rolloutCorrection; docs/performance.md). "
+        "async (placement separate): the engines generate continuously, group by group, into a bounded queue, and "
+        "the trainer takes a batch as soon as enough groups are ready; every sample carries the weight version it "
+        "was generated with, at most maxStaleness versions behind the policy it trains.",
     )
+    max_staleness: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_STALENESS,
+        description=f"With overlap async: the most weight versions (training steps) a trained sample may lag the "
+        f"policy it trains; default {DEFAULT_MAX_STALENESS}. Only for async: none trains with staleness 0 and "
+        "oneStepOffPolicy with exactly 1.",
+    )
+    partial_rollouts: bool = Field(
+        False,
+        description="With overlap async: at a weight update, generations in flight are interrupted and continued "
+        "with the new weights (the tokens already generated are kept, with their log-probs under the weights that "
+        "generated them, for algorithm.rolloutCorrection) instead of the update waiting for the longest response.",
+    )
+
+    @property
+    def staleness_limit(self) -> int:
+        """The most weight versions a trained sample may lag the policy: 0 with overlap none, 1 with
+        oneStepOffPolicy, maxStaleness (default DEFAULT_MAX_STALENESS) with async."""
+        if self.overlap == "async":
+            return DEFAULT_MAX_STALENESS if self.max_staleness is None else self.max_staleness
+        return 0 if self.overlap == "none" else 1
 
 
 # --- optimisation ------------------------------------------------------------------
@@ -769,7 +798,13 @@ class Network(SpecModel):
 
 
 class NodePool(SpecModel):
-    nodes: int = Field(1, ge=1, le=1024, description="Pods (one per node) in this pool.")
+    nodes: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Pods (one per node) in this pool. In cluster.rollout, the one pool field that may change while "
+        "the job runs: the operator resizes the running Ray cluster's rollout worker group (docs/operator.md).",
+    )
     gpus_per_node: int = Field(
         8, ge=1, le=16, description="GPUs per pod; with cluster.device cpu, the training ranks (processes) per pod."
     )
@@ -851,6 +886,8 @@ DEFAULT_RETRIES_ON_CLAIM = 3  # runPolicy.backoffLimit when checkpoints are on a
 DEFAULT_STALL_TIMEOUT_SECONDS = 1800  # runPolicy.stallTimeoutSeconds: longer than any step and checkpoint save
 # runPolicy.terminationGracePeriodSeconds: the rest of a step plus a checkpoint save of a mid-sized model (docs/storage.md)
 DEFAULT_TERMINATION_GRACE_SECONDS = 600
+# runPolicy.emptyRolloutPoolTimeoutSeconds: long enough for a preempted rollout node to be replaced
+DEFAULT_EMPTY_ROLLOUT_POOL_TIMEOUT_SECONDS = 900
 
 
 class RunPolicy(SpecModel):
@@ -882,6 +919,14 @@ class RunPolicy(SpecModel):
         le=2**31 - 1,
         description="Fail a Running job whose trainer has reported no progress for this long (at least "
         "stallTimeoutSeconds); unset: a stalled job runs on.",
+    )
+    empty_rollout_pool_timeout_seconds: int = Field(
+        DEFAULT_EMPTY_ROLLOUT_POOL_TIMEOUT_SECONDS,
+        ge=1,
+        le=2**31 - 1,
+        description="With rollout.placement separate: how long the trainer waits while no rollout engine is left "
+        "(every rollout pod deleted or preempted) before the attempt fails (transient: retried under backoffLimit); "
+        "meanwhile the RLJob has the condition RolloutPoolEmpty. Stall detection (stallTimeoutSeconds) counts on.",
     )
     termination_grace_period_seconds: int = Field(
         DEFAULT_TERMINATION_GRACE_SECONDS,

@@ -45,6 +45,9 @@ class ConditionType(StrEnum):
     PROGRESS_REPORTED = "ProgressReported"  # False while a Running job's trainer is silent (operator/ownership.py)
     STALLED = "Stalled"  # True while a Running job's progress is older than runPolicy.stallTimeoutSeconds
     SANDBOX_READY = "SandboxReady"  # True while every pod of the job's sandbox pools is ready (operator/sandbox.py)
+    # True while a Running job's separate rollout pool has no ready pod: the trainer waits for one up to
+    # runPolicy.emptyRolloutPoolTimeoutSeconds
+    ROLLOUT_POOL_EMPTY = "RolloutPoolEmpty"
 
 
 class StatusModel(BaseModel):
@@ -115,12 +118,25 @@ class Progress(StatusModel):
     failure: Failure | None = Field(
         None, description="The failure that ended the trainer's last attempt; cleared by the next attempt's report."
     )
+    rollout_engines: int | None = Field(
+        None,
+        ge=0,
+        description="With rollout.placement separate: the rollout engines the trainer generates with now (each has "
+        "the current weights); it changes as rollout pods join and leave (metric kuberl_rollout_engines).",
+    )
 
 
 class SandboxPoolStatus(StatusModel):
     pool: Annotated[str, Field(max_length=16)] = Field(description="reward (reward.sandbox) or tools.")
     replicas: int = Field(ge=0, description="Pods the pool's Deployment asks for (0 while suspended or finished).")
     ready_replicas: int = Field(0, ge=0, description="Pods whose server passed its readiness probe.")
+
+
+class RolloutPoolStatus(StatusModel):
+    """The separate rollout pool of the running Ray cluster, as the operator sees it."""
+
+    replicas: int = Field(ge=0, description="Rollout pods the Ray cluster's rollout worker group asks for.")
+    ready_replicas: int = Field(0, ge=0, description="Rollout pods running and ready.")
 
 
 class RLJobStatus(StatusModel):
@@ -145,5 +161,8 @@ class RLJobStatus(StatusModel):
     progress: Progress | None = Field(None, description="Reported by the trainer while it runs.")
     sandboxes: Annotated[list[SandboxPoolStatus], Field(max_length=2)] | None = Field(
         None, description="The sandbox pools: replicas and ready replicas."
+    )
+    rollout: RolloutPoolStatus | None = Field(
+        None, description="The separate rollout pool while a Ray cluster runs: pods asked for and ready."
     )
     kopf: dict[str, Any] | None = Field(None, description="Handler bookkeeping of the operator framework.")
