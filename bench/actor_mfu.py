@@ -62,8 +62,8 @@ def build_model(name: str, device):
     """The fp32 model ``fsdp.prepare`` receives in ``ActorWorker.init_model``: ``load_trainer_model``'s (on the CPU)
     for ``tiny`` and model paths; random shapes are drawn on ``device`` (seconds faster for Qwen2-0.5B), where
     ``prepare`` would move them anyway, with the trainer's attention over packed rows."""
-    from kuberl.trainer.attention import use_varlen_attention
-    from kuberl.trainer.workers import load_trainer_model
+    from kuberl.trainer.model.attention import use_varlen_attention
+    from kuberl.trainer.workers.base import load_trainer_model
 
     if name in RANDOM:
         model = random_causal_lm(name, device.type)
@@ -303,8 +303,8 @@ def free_actor(worker) -> None:
 def run_model(name: str, args: argparse.Namespace, worker) -> list[dict]:
     import torch
 
-    from kuberl.trainer.models import model_family_flops_per_token, num_params
-    from kuberl.trainer.plan import plan_execution
+    from kuberl.trainer.model.loading import model_family_flops_per_token, num_params
+    from kuberl.trainer.plan.execution import plan_execution
 
     peak = args.peak_tflops * 1e12
     seq = args.prompt_len + args.response_len
@@ -502,10 +502,10 @@ def main() -> int:
     import torch
     import transformers
 
-    from kuberl.trainer import fsdp
-    from kuberl.trainer.plan import plan_execution
-    from kuberl.trainer.weight_sync import free_port
-    from kuberl.trainer.workers import ActorWorker
+    from kuberl.trainer.model import fsdp
+    from kuberl.trainer.plan.execution import plan_execution
+    from kuberl.trainer.rollout.weight_sync import free_port
+    from kuberl.trainer.workers.actor import ActorWorker
 
     first = job_spec(
         args.models[0], args, micro_batch=args.micro_batch[0], gradient_checkpointing=False, compile_layers=False

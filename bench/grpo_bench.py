@@ -199,8 +199,8 @@ def model_folder_of(model: str, work: Path) -> str:
 
 def write_data(folder: str, path: Path, rows_wanted: int, max_prompt: int, seed: int) -> dict[str, Any]:
     """gsm8k_synth rows whose chat-templated prompt fits ``max_prompt`` tokens (every side reads the same rows)."""
-    from kuberl.trainer.datagen import gsm8k_synth, write_rows
-    from kuberl.trainer.models import load_tokenizer
+    from kuberl.trainer.data.tasks import gsm8k_synth, write_rows
+    from kuberl.trainer.model.loading import load_tokenizer
 
     tokenizer = load_tokenizer(folder)
     rows, lengths = [], []
@@ -528,8 +528,8 @@ def kuberl_plan(spec_doc: dict[str, Any], card: str | None) -> dict[str, Any] | 
         return None
     from kuberl.api.memory import gpu_named, plan_memory
     from kuberl.api.validation import parse_spec
-    from kuberl.trainer.model_shape import model_shape
-    from kuberl.trainer.rollout.layout import plan_rollout_layout
+    from kuberl.trainer.model.shape import model_shape
+    from kuberl.trainer.plan.layout import plan_rollout_layout
 
     spec = parse_spec(spec_doc["spec"])
     try:

@@ -72,7 +72,7 @@ OUT_OF_MEMORY = ("out of memory", "OutOfMemoryError")
 def run_trl(
     args: argparse.Namespace, folder: str, data: str, work: Path, gpu: bool, micro_batch: int
 ) -> dict[str, Any]:
-    from kuberl.trainer.weight_sync import free_port
+    from kuberl.trainer.rollout.weight_sync import free_port
 
     use_vllm = args.trl_generation == "vllm"
     config = {
@@ -133,7 +133,7 @@ def trl_child(config_path: str) -> int:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from kuberl.trainer.rewards import load_reward_function
+    from kuberl.trainer.rewards.functions import load_reward_function
 
     c = json.loads(Path(config_path).read_text())
     reward_fn = load_reward_function("gsm8k")

@@ -48,7 +48,7 @@ TOPICS = [
 
 
 def make_prompts(folder: str, count: int) -> list[list[int]]:
-    from kuberl.trainer.models import load_tokenizer
+    from kuberl.trainer.model.loading import load_tokenizer
 
     tokenizer = load_tokenizer(folder)
     questions = [
@@ -165,7 +165,7 @@ def main() -> int:
         calculate_log_probs=False,
     )
     result["vllm_rollout_engine_start_s"] = round(time.perf_counter() - start, 1)
-    from kuberl.trainer.models import load_tokenizer
+    from kuberl.trainer.model.loading import load_tokenizer
 
     tokenizer = load_tokenizer(folder)
     rollout.pad_id = tokenizer.pad_token_id

@@ -68,9 +68,9 @@ def measure_one(name: str, bucket_mbs: list[int], repeats: int) -> dict:
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    from kuberl.trainer import fsdp
+    from kuberl.trainer.model import fsdp
     from kuberl.trainer.rollout.vllm import VLLMRollout, gpu_memory_in_use_gib
-    from kuberl.trainer.weight_sync import free_port, is_tied
+    from kuberl.trainer.rollout.weight_sync import free_port, is_tied
 
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)

@@ -3,7 +3,7 @@ dashboard panel, with Grafana's variables substituted, must return at least one 
 
 Scrape targets (static configs whose labels are what the chart's PodMonitor/ServiceMonitor relabelling gives):
 - the operator: `python -m kuberl.operator` against the harness's apiserver (its /metrics);
-- the trainer: its Prometheus sink (`kuberl.trainer.metrics.PrometheusSink`) fed one step of an 8-GPU GRPO run;
+- the trainer: its Prometheus sink (`kuberl.trainer.observe.metrics.PrometheusSink`) fed one step of an 8-GPU GRPO run;
   the slow test instead scrapes a real `kuberl run` of examples/tiny-cpu.yaml;
 - a GPU node: the recorded dcgm-exporter sample `dcgm-sample.prom` (8 GPUs of the RLJob's worker pod, one GPU of
   another team, one unassigned) and Ray's metrics port of the worker pod (`ray-sample.prom`), each served by a
@@ -239,7 +239,7 @@ def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 @pytest.fixture(scope="module")
 def trainer_sink() -> Iterator[str]:
-    from kuberl.trainer.metrics import PrometheusSink
+    from kuberl.trainer.observe.metrics import PrometheusSink
 
     sink = PrometheusSink(free_port(), rljob=JOB, namespace=JOB_NAMESPACE, total_steps=200, addr="127.0.0.1")
     sink.log(37, STEP)
@@ -470,7 +470,7 @@ def chart_alert_rules(helm_bin: Path, tmp_path: Path) -> dict[str, Any]:
 @pytest.fixture
 def advancing_trainer() -> Iterator[str]:
     """A healthy trainer: a step every 0.3 s, busy GPUs, finite reward and loss."""
-    from kuberl.trainer.metrics import PrometheusSink
+    from kuberl.trainer.observe.metrics import PrometheusSink
 
     sink = PrometheusSink(free_port(), rljob=JOB, namespace=JOB_NAMESPACE, total_steps=10_000, addr="127.0.0.1")
     stop = threading.Event()
@@ -493,7 +493,7 @@ def advancing_trainer() -> Iterator[str]:
 @pytest.fixture
 def diverged_trainer() -> Iterator[str]:
     """A broken trainer: stuck at step 5 of 200, NaN loss, +Inf reward, GPUs at 2 %."""
-    from kuberl.trainer.metrics import PrometheusSink
+    from kuberl.trainer.observe.metrics import PrometheusSink
 
     sink = PrometheusSink(free_port(), rljob=DIVERGED, namespace=JOB_NAMESPACE, total_steps=200, addr="127.0.0.1")
     broken = {

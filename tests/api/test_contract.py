@@ -14,7 +14,7 @@ from kuberl.api.status import Progress, RLJobStatus
 from kuberl.operator.rayjob import NCCL_ENV, render_rayjob
 from kuberl.operator.status import next_status, status_patch
 from kuberl.trainer import prestop, run
-from kuberl.trainer.status_reporter import StatusReporter
+from kuberl.trainer.observe.status import StatusReporter
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINER_SOURCES = sorted((ROOT / "trainer" / "kuberl" / "trainer").rglob("*.py"))

@@ -23,7 +23,7 @@ import pytest
 from bench.shapes import LLAMA_11B, QWEN2_05B, SMOLLM2_SHAPE
 from kuberl.api.memory import ModelShape, gpu_named, plan_memory
 from kuberl.api.validation import parse_spec
-from kuberl.trainer.model_shape import config_shape
+from kuberl.trainer.model.shape import config_shape
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 TOLERANCE = 0.10

@@ -42,7 +42,7 @@ VERL_KEYS = {
     "val-core/gsm8k/reward/mean@1",
 }
 # per-GPU keys `gpu/<rank>/<stat>` become kuberl_gpu_<stat in base units>{gpu="<rank>"}
-# (trainer/kuberl/trainer/step_metrics.py perf_metrics: NVML `utilization` in percent, `memory_used_gb` in GiB)
+# (trainer/kuberl/trainer/experience/metrics.py perf_metrics: NVML `utilization` in percent, `memory_used_gb` in GiB)
 GPU_STATS = {"utilization", "memory_used_gb"}
 
 
@@ -134,7 +134,7 @@ def test_operator_dashboard_reads_only_series_the_operator_exports():
 
 
 def test_trainer_series_in_the_dashboards_follow_the_trainers_naming_rule():
-    from kuberl.trainer.metrics import prometheus_series
+    from kuberl.trainer.observe.metrics import prometheus_series
 
     expected = {prometheus_series(k, 1.0)[0] for k in VERL_KEYS} | {"kuberl_step", "kuberl_total_steps"}
     expected |= {prometheus_series(f"gpu/0/{s}", 1.0)[0] for s in GPU_STATS}
@@ -150,7 +150,7 @@ def test_trainer_series_in_the_dashboards_follow_the_trainers_naming_rule():
 
 
 def test_trainer_prometheus_sink_exports_the_names_the_dashboards_read():
-    from kuberl.trainer.metrics import PrometheusSink
+    from kuberl.trainer.observe.metrics import PrometheusSink
 
     sink = PrometheusSink(0, rljob="r", namespace="ns", total_steps=10)
     sink.log(1, {**{k: 1.0 for k in VERL_KEYS}, **{f"gpu/0/{s}": 1.0 for s in GPU_STATS}})

@@ -59,7 +59,7 @@ def short_grpo_job(name: str, train_file: str, *, placement: str, steps: int) ->
 @pytest.fixture(scope="module")
 def train_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     """64 generated GSM8K-style problems in verl's parquet schema, for the tests' short `kuberl run`s."""
-    from kuberl.trainer.datagen import gsm8k_synth, write_rows
+    from kuberl.trainer.data.tasks import gsm8k_synth, write_rows
 
     return str(write_rows(gsm8k_synth(64, seed=0, split="train"), str(tmp_path_factory.mktemp("data") / "t.parquet")))
 

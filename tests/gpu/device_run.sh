@@ -104,7 +104,7 @@ lite() {
   python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site-lite .device/lite/*.whl \
     >> "$OUT/install.log" 2>&1 || { log "lite wheels failed"; return 1; }
   export PYTHONPATH="$ROOT/api:$ROOT/operator:$ROOT/trainer:$ROOT:/root/site-lite"
-  python3 -c "import torch, transformers, kuberl.trainer.workers; print('gpu:', torch.cuda.get_device_name(0), \
+  python3 -c "import torch, transformers, kuberl.trainer.workers.actor; print('gpu:', torch.cuda.get_device_name(0), \
 'torch', torch.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -1 | tee -a "$OUT/session.log"
 }
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kuberl.trainer.rewards import GSM8K_ANSWER, GSM8K_TAIL_CHARS, gsm8k
+from kuberl.trainer.rewards.functions import GSM8K_ANSWER, GSM8K_TAIL_CHARS, gsm8k
 
 NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")
 

@@ -22,7 +22,7 @@ TEXT = (
 def process_group():
     import torch.distributed as dist
 
-    from kuberl.trainer.weight_sync import free_port
+    from kuberl.trainer.rollout.weight_sync import free_port
 
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
@@ -42,7 +42,7 @@ def folder() -> str:
 def actor(process_group, folder: str):
     from transformers import AutoModelForCausalLM
 
-    from kuberl.trainer import fsdp
+    from kuberl.trainer.model import fsdp
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     return fsdp.prepare(
@@ -57,7 +57,7 @@ def actor(process_group, folder: str):
 
 @pytest.fixture(scope="module")
 def engine(actor, folder: str):
-    from kuberl.trainer.models import load_tokenizer
+    from kuberl.trainer.model.loading import load_tokenizer
     from kuberl.trainer.rollout.vllm import VLLMRollout
 
     tokenizer = load_tokenizer(folder)
@@ -77,7 +77,7 @@ def engine(actor, folder: str):
 
 @pytest.fixture(scope="module")
 def ids(folder: str) -> list[int]:
-    from kuberl.trainer.models import load_tokenizer
+    from kuberl.trainer.model.loading import load_tokenizer
 
     return load_tokenizer(folder)(TEXT)["input_ids"]
 
@@ -89,7 +89,7 @@ def bf16_floor(folder: str, actor, ids: list[int]) -> float:
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from kuberl.trainer import fsdp
+    from kuberl.trainer.model import fsdp
 
     reference = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), dtype=torch.float32)
     loaded = reference.load_state_dict({name: t.float() for name, t in fsdp.full_named_parameters(actor)}, strict=False)
@@ -130,7 +130,7 @@ def actor_log_probs(actor, ids: list[int]) -> torch.Tensor:
 
 
 def sync(engine, actor) -> None:
-    from kuberl.trainer import fsdp
+    from kuberl.trainer.model import fsdp
 
     engine.update_weights(fsdp.full_named_parameters(actor))
     engine.wake()

@@ -11,11 +11,11 @@ import time
 import pytest
 import torch
 
-from kuberl.trainer.attention import VARLEN, use_varlen_attention
-from kuberl.trainer.fsdp import wrap_decoder_layers
-from kuberl.trainer.lm_head import packed_response_log_probs
-from kuberl.trainer.microbatch import model_inputs, pack, trim
-from kuberl.trainer.models import load_causal_lm
+from kuberl.trainer.model.attention import VARLEN, use_varlen_attention
+from kuberl.trainer.model.fsdp import wrap_decoder_layers
+from kuberl.trainer.model.lm_head import packed_response_log_probs
+from kuberl.trainer.model.loading import load_causal_lm
+from kuberl.trainer.model.microbatch import model_inputs, pack, trim
 
 pytestmark = pytest.mark.gpu
 
@@ -160,7 +160,7 @@ def test_compiled_head_matches_eager_at_qwen2_vocabulary(record):
     against the eager one's are recorded (measured, not asserted)."""
     from torch import nn
 
-    from kuberl.trainer.lm_head import token_log_probs
+    from kuberl.trainer.model.lm_head import token_log_probs
 
     torch.manual_seed(0)
     hidden_size, vocab, tokens = 896, 151_936, 16_384 + 77

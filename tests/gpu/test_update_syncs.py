@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from kuberl.api.spec import RLJobSpec
-from kuberl.trainer.plan import plan_execution
-from kuberl.trainer.weight_sync import free_port
-from kuberl.trainer.workers import ActorWorker, load_trainer_model
+from kuberl.trainer.plan.execution import plan_execution
+from kuberl.trainer.rollout.weight_sync import free_port
+from kuberl.trainer.workers.actor import ActorWorker
+from kuberl.trainer.workers.base import load_trainer_model
 from tests.gpu.test_packed_passes import ragged_rows
 
 pytestmark = pytest.mark.gpu

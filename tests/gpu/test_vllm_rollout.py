@@ -26,7 +26,7 @@ def folder() -> str:
 
 @pytest.fixture(scope="module")
 def tokenizer(folder: str):
-    from kuberl.trainer.models import load_tokenizer
+    from kuberl.trainer.model.loading import load_tokenizer
 
     return load_tokenizer(folder)
 

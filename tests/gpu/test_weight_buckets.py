@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kuberl.trainer.weight_sync import BroadcastGroup, bucketed, fsdp_param_metadata, rollout_named_tensors
+from kuberl.trainer.rollout.weight_sync import BroadcastGroup, bucketed, fsdp_param_metadata, rollout_named_tensors
 
 
 def named(*sizes: int) -> list[tuple[str, torch.Tensor]]:
@@ -46,7 +46,7 @@ def test_tied_output_head_is_dropped_and_tensors_cast() -> None:
 def test_metadata_matches_the_stream_names_for_a_tied_model() -> None:
     from transformers import AutoModelForCausalLM
 
-    from kuberl.trainer.models import build_tiny, parse_tiny
+    from kuberl.trainer.model.loading import build_tiny, parse_tiny
 
     model = build_tiny(
         parse_tiny("tiny://llama?hidden=16&layers=1&heads=2&kv_heads=1&tie=1"), AutoModelForCausalLM, torch.float32

@@ -4,7 +4,7 @@ from typing import Any
 import pytest
 import torch
 
-from kuberl.trainer.advantages import (
+from kuberl.trainer.algorithms.advantages import (
     ADVANTAGE_ESTIMATORS,
     compute_advantages,
     generalized_advantage_estimate,

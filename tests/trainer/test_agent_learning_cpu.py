@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kuberl.trainer.metrics import read_jsonl
+from kuberl.trainer.observe.metrics import read_jsonl
 from tests.trainer.kuberl_cli import REPO, kuberl_run
 
 STEPS = 16

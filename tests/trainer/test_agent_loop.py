@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from kuberl.api.spec import Agent
-from kuberl.trainer.microbatch import Rows, lengths, model_inputs
-from kuberl.trainer.models import tiny_tokenizer
+from kuberl.trainer.experience.collect import place_at_last_token
+from kuberl.trainer.model.loading import tiny_tokenizer
+from kuberl.trainer.model.microbatch import Rows, lengths, model_inputs
 from kuberl.trainer.rollout.agent import AgentLoop, find_call
-from kuberl.trainer.run import place_at_last_token
 
 TOKENIZER = tiny_tokenizer()
 EOS = TOKENIZER.eos_token_id
@@ -243,7 +243,7 @@ def test_environment_rewards_are_summed_and_observations_masked(tmp_path: Path) 
 
 
 def test_final_answer_scores_the_last_policy_turn_not_the_tool_output(calculator_loop: AgentLoop) -> None:
-    from kuberl.trainer.rewards import final_answer
+    from kuberl.trainer.rewards.functions import final_answer
 
     policy = ScriptedPolicy({"Q": [call("12*34"), "It is 408<|im_end|>"], "R": [call("12*34"), "no idea<|im_end|>"]})
     calculator_loop.generate([enc("Q"), enc("R")], 1, policy)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from kuberl.trainer import checkpoint as ckpt
+from kuberl.trainer.checkpoint import files as ckpt
 
 TINY = "tiny://llama?hidden=32&layers=2&heads=2&kv_heads=1&seed=3"
 REPO = Path(__file__).resolve().parents[2]
@@ -156,7 +156,7 @@ def test_the_resume_hash_covers_model_data_algorithm_batch_only():
 WRITER = """
 import sys, time
 from pathlib import Path
-from kuberl.trainer import checkpoint as ckpt
+from kuberl.trainer.checkpoint import files as ckpt
 root, step = Path(sys.argv[1]), int(sys.argv[2])
 folder = ckpt.prepare(root, step)
 def slow(f):
@@ -211,8 +211,8 @@ def free_port() -> int:
 def build(rank: int, world: int, port: int):
     import torch.distributed as dist
 
-    from kuberl.trainer import fsdp
-    from kuberl.trainer.models import load_causal_lm
+    from kuberl.trainer.model import fsdp
+    from kuberl.trainer.model.loading import load_causal_lm
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -232,7 +232,7 @@ def build(rank: int, world: int, port: int):
 def save_with_ranks(rank: int, world: int, port: int, folder: str, out: str) -> None:
     import torch.distributed as dist
 
-    from kuberl.trainer import fsdp
+    from kuberl.trainer.model import fsdp
 
     model, optimizer, scheduler = build(rank, world, port)
     ids = torch.arange(12).reshape(2, 6) + 4 * rank
@@ -254,7 +254,7 @@ def save_with_ranks(rank: int, world: int, port: int, folder: str, out: str) -> 
 def load_and_step(rank: int, world: int, port: int, folder: str, out: str) -> None:
     import torch.distributed as dist
 
-    from kuberl.trainer import fsdp
+    from kuberl.trainer.model import fsdp
 
     model, optimizer, scheduler = build(rank, world, port)
     ckpt.load_sharded(folder, rank=rank, model=model, optimizer=optimizer, scheduler=scheduler)
@@ -330,7 +330,7 @@ def test_every_role_of_the_manifest_must_be_complete(tmp_path):
 
 HOLDER = """
 import sys, time
-from kuberl.trainer import checkpoint as ckpt
+from kuberl.trainer.checkpoint import files as ckpt
 owner = ckpt.Owner(uid="uid-a", rljob="first", run_id="run-1", host="here", pid=int(sys.argv[2]), since="then")
 lock = ckpt.take_folder(sys.argv[1], owner, wait_seconds=0)
 print("held", flush=True)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kuberl.api import load_documents, parse_spec
-from kuberl.trainer.collect import Rollouts, filter_metric, place_at_last_token, responses
-from kuberl.trainer.data import Prompt
+from kuberl.trainer.data.prompts import Prompt
+from kuberl.trainer.experience.collect import Rollouts, filter_metric, place_at_last_token, responses
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dapo-tiny-cpu.yaml"
 

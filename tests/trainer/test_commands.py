@@ -58,7 +58,7 @@ def test_run_reports_a_missing_file(tmp_path, capsys):
 def test_data_digits_writes_rows(tmp_path):
     out = tmp_path / "d.parquet"
     assert main(["data", "digits", "--output-file", str(out), "--n", "7", "--seed", "1"]) == 0
-    from kuberl.trainer.data import load_rows
+    from kuberl.trainer.data.prompts import load_rows
 
     rows = load_rows([str(out)])
     assert len(rows) == 7 and rows[0]["data_source"] == "kuberl/digits"
@@ -90,8 +90,8 @@ def test_stats_prints_the_length_report(tmp_path, capsys):
 def make_checkpoint(root: Path) -> tuple[Path, dict]:
     import torch.distributed.checkpoint as dcp
 
-    from kuberl.trainer import checkpoint as ckpt
-    from kuberl.trainer.models import load_causal_lm, load_tokenizer
+    from kuberl.trainer.checkpoint import files as ckpt
+    from kuberl.trainer.model.loading import load_causal_lm, load_tokenizer
     from tests.trainer.test_checkpoint import seal
 
     model = load_causal_lm(TINY, torch.float32)
@@ -109,7 +109,7 @@ def make_checkpoint(root: Path) -> tuple[Path, dict]:
 
 
 def test_export_writes_a_loadable_hugging_face_folder_in_the_dtype_asked(tmp_path):
-    from kuberl.trainer.models import load_causal_lm
+    from kuberl.trainer.model.loading import load_causal_lm
 
     _, state = make_checkpoint(tmp_path / "ckpt")
     out = tmp_path / "hf"
@@ -156,8 +156,8 @@ def test_export_refuses_to_overwrite_without_force(tmp_path, capsys):
 
 
 def test_export_accepts_a_run_folder_and_picks_its_latest_checkpoint(tmp_path, capsys):
-    from kuberl.trainer import checkpoint as ckpt
-    from kuberl.trainer.metrics import write_run_record
+    from kuberl.trainer.checkpoint import files as ckpt
+    from kuberl.trainer.observe.metrics import write_run_record
 
     make_checkpoint(tmp_path / "elsewhere" / "ckpt")
     newer = ckpt.step_dir(tmp_path / "elsewhere" / "ckpt", 7)

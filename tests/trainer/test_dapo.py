@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kuberl.trainer.dapo import DynamicSampler, DynamicSamplingExhausted, keep_groups, overlong_penalty
+from kuberl.trainer.algorithms.dapo import DynamicSampler, DynamicSamplingExhausted, keep_groups, overlong_penalty
 
 
 def test_overlong_penalty_ramps_linearly_over_the_buffer() -> None:

@@ -5,9 +5,16 @@ from typing import Any
 
 import pytest
 
-from kuberl.trainer.data import DataError, Prompt, PromptDataset, PromptLoader, load_rows, load_rows_with_origins
-from kuberl.trainer.datagen import write_rows
-from kuberl.trainer.models import load_tokenizer
+from kuberl.trainer.data.prompts import (
+    DataError,
+    Prompt,
+    PromptDataset,
+    PromptLoader,
+    load_rows,
+    load_rows_with_origins,
+)
+from kuberl.trainer.data.tasks import write_rows
+from kuberl.trainer.model.loading import load_tokenizer
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 TOKENIZER = load_tokenizer("tiny://llama")
@@ -117,7 +124,8 @@ def test_numeric_ground_truths_keep_their_string_form(value: Any, text: str) -> 
 @pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
 def test_a_numeric_ground_truth_0_read_from_a_file_scores(tmp_path: Path, suffix: str) -> None:
     """An int64 ground_truth column (parquet) or a JSON number: 0 must score "#### 0", not become ""."""
-    from kuberl.trainer.rewards import RewardInput, gsm8k, score_batch
+    from kuberl.trainer.rewards.functions import RewardInput, gsm8k
+    from kuberl.trainer.rewards.scoring import score_batch
 
     path = write_rows([row(ground_truth=0), row(ground_truth=7)], str(tmp_path / f"d{suffix}"))
     prompts = PromptDataset(load_rows([str(path)]), TOKENIZER, max_prompt_length=100, filter_overlong=False)

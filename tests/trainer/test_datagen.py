@@ -4,15 +4,15 @@ from pathlib import Path
 import pytest
 
 from kuberl.cli import main as cli_main
-from kuberl.trainer.data import load_rows
-from kuberl.trainer.datagen import (
+from kuberl.trainer.data.prompts import load_rows
+from kuberl.trainer.data.tasks import (
     GSM8K_INSTRUCTION,
     digit_copy,
     gsm8k_synth,
     main_gsm8k_synth,
     write_rows,
 )
-from kuberl.trainer.rewards import default, gsm8k
+from kuberl.trainer.rewards.functions import default, gsm8k
 
 STEP = re.compile(r"<<(\d+)([-+*/])(\d+)=(\d+)>>")
 APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b}

@@ -11,10 +11,11 @@ from typing import TypeVar
 import torch
 from torch import Tensor, nn
 
-from kuberl.trainer import fsdp
-from kuberl.trainer.lm_head import packed_response_log_probs
-from kuberl.trainer.microbatch import pack
-from kuberl.trainer.workers import ValueModel, load_trainer_model
+from kuberl.trainer.model import fsdp
+from kuberl.trainer.model.lm_head import packed_response_log_probs
+from kuberl.trainer.model.microbatch import pack
+from kuberl.trainer.workers.base import load_trainer_model
+from kuberl.trainer.workers.critic import ValueModel
 
 TINY = "tiny://llama?hidden=64&layers=3&heads=4&kv_heads=2&seed=0"
 CPU = torch.device("cpu")

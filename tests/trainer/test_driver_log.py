@@ -13,7 +13,7 @@ from tests.api.cases import BASE
 
 SCRIPT = """
 import logging, sys
-from kuberl.trainer.driver_log import teed
+from kuberl.trainer.observe.driver_log import teed
 with teed(sys.argv[1], "job"):
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     print("step 1/2 | reward 0.1")

@@ -12,11 +12,11 @@ import pytest
 from kuberl.api import InvalidSpec
 from kuberl.api.contract import EXIT_PERMANENT
 from kuberl.api.status import FailureClass
-from kuberl.trainer.checkpoint import CheckpointFolderInUse, CheckpointMismatch, CheckpointStorageError
-from kuberl.trainer.data import DataError
-from kuberl.trainer.failures import PERMANENT_ERRORS, classify
-from kuberl.trainer.rewards import RewardFunctionError
-from kuberl.trainer.workers import NonFiniteStepsError
+from kuberl.trainer.checkpoint.files import CheckpointFolderInUse, CheckpointMismatch, CheckpointStorageError
+from kuberl.trainer.data.prompts import DataError
+from kuberl.trainer.driver.failures import PERMANENT_ERRORS, classify
+from kuberl.trainer.rewards.functions import RewardFunctionError
+from kuberl.trainer.workers.base import NonFiniteStepsError
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = "tiny://llama?hidden=32&layers=1&heads=2&kv_heads=1&seed=0"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kuberl.trainer import fsdp
+from kuberl.trainer.model import fsdp
 
 
 def _stepped_optimizer() -> torch.optim.Optimizer:

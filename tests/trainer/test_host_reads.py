@@ -24,11 +24,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from kuberl.api.spec import RLJobSpec
-from kuberl.trainer.microbatch import Rows
-from kuberl.trainer.models import parse_tiny, tiny_config
-from kuberl.trainer.plan import plan_execution
-from kuberl.trainer.weight_sync import free_port
-from kuberl.trainer.workers import ActorWorker, CriticWorker, load_trainer_model
+from kuberl.trainer.model.loading import parse_tiny, tiny_config
+from kuberl.trainer.model.microbatch import Rows
+from kuberl.trainer.plan.execution import plan_execution
+from kuberl.trainer.rollout.weight_sync import free_port
+from kuberl.trainer.workers.actor import ActorWorker
+from kuberl.trainer.workers.base import load_trainer_model
+from kuberl.trainer.workers.critic import CriticWorker
 from tests.trainer.test_packing import ragged_rows
 
 TINY = "tiny://llama?hidden=64&layers=2&heads=4&kv_heads=2&seed=0"

@@ -4,7 +4,7 @@ from typing import Any
 import pytest
 import torch
 
-from kuberl.trainer.kl import (
+from kuberl.trainer.algorithms.kl import (
     KL_KINDS,
     AdaptiveKLController,
     FixedKLController,

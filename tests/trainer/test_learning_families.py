@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from kuberl.api import parse_spec
-from kuberl.trainer.metrics import read_jsonl
+from kuberl.trainer.observe.metrics import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 MARGIN = 0.06

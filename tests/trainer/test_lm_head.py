@@ -6,8 +6,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kuberl.trainer.lm_head import token_log_probs
-from kuberl.trainer.losses import entropy_from_logits, log_probs_from_logits
+from kuberl.trainer.algorithms.losses import entropy_from_logits, log_probs_from_logits
+from kuberl.trainer.model.lm_head import token_log_probs
 
 N, H, V = 256, 16, 1000
 

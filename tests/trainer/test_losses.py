@@ -4,7 +4,7 @@ from typing import Any
 import pytest
 import torch
 
-from kuberl.trainer.losses import (
+from kuberl.trainer.algorithms.losses import (
     LOSS_AGG_MODES,
     PolicyLossConfig,
     agg_loss,

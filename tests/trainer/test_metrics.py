@@ -5,7 +5,7 @@ import urllib.request
 
 import pytest
 
-from kuberl.trainer.metrics import (
+from kuberl.trainer.observe.metrics import (
     MetricsLogger,
     PrometheusSink,
     Timer,
@@ -157,7 +157,7 @@ def test_timer_accumulates_phases():
 
 
 def test_plot_writes_a_png(tmp_path):
-    from kuberl.trainer.plot import plot_run
+    from kuberl.trainer.observe.plot import plot_run
 
     logger = MetricsLogger(tmp_path, loggers=["jsonl"], rljob="j", namespace="n", metrics_port=0, total_steps=3)
     for step in (1, 2, 3):
@@ -181,7 +181,7 @@ def test_gpu_sampler_averages_the_readings_of_a_step_and_restarts_at_each_take()
     import itertools
     import time
 
-    from kuberl.trainer.metrics import GPUSampler
+    from kuberl.trainer.observe.metrics import GPUSampler
 
     readings = itertools.cycle([100.0, 0.0])
     sampler = GPUSampler(lambda: next(readings), interval=0.01)
@@ -197,7 +197,7 @@ def test_gpu_sampler_averages_the_readings_of_a_step_and_restarts_at_each_take()
 
 
 def test_gpu_sampler_stops_when_the_reading_fails():
-    from kuberl.trainer.metrics import GPUSampler
+    from kuberl.trainer.observe.metrics import GPUSampler
 
     def broken() -> float:
         raise RuntimeError("NVML_ERROR_GPU_IS_LOST")

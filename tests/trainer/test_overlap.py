@@ -8,9 +8,9 @@ import threading
 import pytest
 import torch
 
-from kuberl.trainer.metrics import Timer
-from kuberl.trainer.overlap import AheadGeneration, Generated, draw, overlap_seconds
-from kuberl.trainer.step_metrics import staleness_metrics
+from kuberl.trainer.experience.metrics import staleness_metrics
+from kuberl.trainer.experience.overlap import AheadGeneration, Generated, draw, overlap_seconds
+from kuberl.trainer.observe.metrics import Timer
 
 
 class Loader:

@@ -5,12 +5,12 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from kuberl.trainer.attention import VARLEN, use_varlen_attention
-from kuberl.trainer.lm_head import packed_response_log_probs
-from kuberl.trainer.losses import PolicyLossConfig, policy_loss
-from kuberl.trainer.microbatch import Rows, model_inputs, pack, trim
-from kuberl.trainer.models import load_causal_lm
-from kuberl.trainer.workers import ValueModel
+from kuberl.trainer.algorithms.losses import PolicyLossConfig, policy_loss
+from kuberl.trainer.model.attention import VARLEN, use_varlen_attention
+from kuberl.trainer.model.lm_head import packed_response_log_probs
+from kuberl.trainer.model.loading import load_causal_lm
+from kuberl.trainer.model.microbatch import Rows, model_inputs, pack, trim
+from kuberl.trainer.workers.critic import ValueModel
 
 TINY = "tiny://{family}?hidden=32&layers=2&heads=4&kv_heads=2&seed=3"
 CPU = torch.device("cpu")

@@ -12,7 +12,7 @@ import yaml
 from kuberl.api import RLJobSpec
 from kuberl.api.memory import GPU_PRODUCT_LABEL
 from kuberl.cli import main
-from kuberl.trainer.model_shape import config_shape, model_shape
+from kuberl.trainer.model.shape import config_shape, model_shape
 from tests.api.cases import BASE
 
 TINY = "tiny://llama?hidden=64&layers=2&heads=4&kv_heads=2"
@@ -106,7 +106,7 @@ def _dynamic(tmp_path: Path, **dynamic: object) -> RLJobSpec:
 
 def test_the_run_takes_the_token_budget_its_plan_chooses_for_the_gpu(tmp_path: Path) -> None:
     from kuberl.api.memory import gpu_named, plan_memory
-    from kuberl.trainer.plan import plan_execution
+    from kuberl.trainer.plan.execution import plan_execution
 
     spec = _dynamic(tmp_path, enabled=True)
     chosen = plan_memory(spec, config_shape(QWEN2_5_0_5B), gpu_named("H100-80GB")).token_budget
@@ -117,8 +117,8 @@ def test_the_run_takes_the_token_budget_its_plan_chooses_for_the_gpu(tmp_path: P
 
 def test_a_run_whose_plan_does_not_fit_its_gpu_is_refused_with_the_plan(tmp_path: Path) -> None:
     from kuberl.api.memory import gpu_named
-    from kuberl.trainer.plan import plan_execution
-    from kuberl.trainer.rollout.layout import PlacementError
+    from kuberl.trainer.plan.execution import plan_execution
+    from kuberl.trainer.plan.layout import PlacementError
 
     spec = _dynamic(tmp_path, enabled=True, maxTokenLenPerGPU=262144)
     with pytest.raises(PlacementError, match=r"does not fit one H100-80GB .*maxTokenLenPerGPU: \d+ fits") as refused:

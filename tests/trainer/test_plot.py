@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from kuberl.trainer.metrics import write_run_record
-from kuberl.trainer.plot import figure, run_record, time_split
+from kuberl.trainer.observe.metrics import write_run_record
+from kuberl.trainer.observe.plot import figure, run_record, time_split
 
 
 def step(n: int, **values: float) -> dict[str, float]:

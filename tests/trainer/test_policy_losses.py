@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kuberl.api.spec import Algorithm
-from kuberl.trainer.losses import POLICY_LOSSES, PolicyLossConfig, policy_loss
+from kuberl.trainer.algorithms.losses import POLICY_LOSSES, PolicyLossConfig, policy_loss
 
 
 def close(actual: torch.Tensor, expected: float | list[Any], tol: float = 1e-5) -> None:
@@ -226,8 +226,8 @@ def test_spec_enums_docs_and_registries_name_the_same_algorithms() -> None:
 
     from kuberl.api import docs
     from kuberl.api.spec import AdvantageEstimatorName, PolicyLossMode
-    from kuberl.trainer.advantages import ADVANTAGE_ESTIMATORS
-    from kuberl.trainer.losses import LOSS_AGG_MODES
+    from kuberl.trainer.algorithms.advantages import ADVANTAGE_ESTIMATORS
+    from kuberl.trainer.algorithms.losses import LOSS_AGG_MODES
 
     assert set(get_args(PolicyLossMode)) == set(POLICY_LOSSES) == {row[0] for row in docs.POLICY_LOSSES}
     assert set(get_args(AdvantageEstimatorName)) == set(ADVANTAGE_ESTIMATORS) == {row[0] for row in docs.ESTIMATORS}

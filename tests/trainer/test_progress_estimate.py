@@ -1,7 +1,7 @@
 """status.progress's percentage and ETA (Kubeflow TrainJob's progressPercentage / estimatedRemainingSeconds)."""
 
 from kuberl.api.status import Progress
-from kuberl.trainer.status_reporter import StatusReporter, duration_summary, progress_estimate
+from kuberl.trainer.observe.status import StatusReporter, duration_summary, progress_estimate
 
 
 def test_percent_and_remaining_time_come_from_the_mean_step_time_of_this_attempt():

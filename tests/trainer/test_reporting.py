@@ -7,14 +7,14 @@ from pathlib import Path
 import yaml
 
 from kuberl.api import parse_spec
-from kuberl.trainer import checkpoint as ckpt
-from kuberl.trainer.checkpointer import Checkpointer
-from kuberl.trainer.cluster import Cluster
-from kuberl.trainer.data import PromptDataset, PromptLoader, load_rows
-from kuberl.trainer.kl import make_kl_controller
-from kuberl.trainer.models import load_tokenizer
-from kuberl.trainer.reporting import Reporting, write
-from kuberl.trainer.status_reporter import StatusReporter
+from kuberl.trainer.algorithms.kl import make_kl_controller
+from kuberl.trainer.checkpoint import files as ckpt
+from kuberl.trainer.checkpoint.checkpointer import Checkpointer
+from kuberl.trainer.data.prompts import PromptDataset, PromptLoader, load_rows
+from kuberl.trainer.driver.cluster import Cluster
+from kuberl.trainer.model.loading import load_tokenizer
+from kuberl.trainer.observe.reporting import Reporting, write
+from kuberl.trainer.observe.status import StatusReporter
 from tests.trainer.test_checkpoint import seal
 from tests.trainer.test_run_status_reporter import FakeApi, FakeCore
 

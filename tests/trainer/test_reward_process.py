@@ -6,20 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from kuberl.trainer.rewards import (
+from kuberl.trainer.rewards.functions import (
     ERROR_KEY,
-    OUTPUT_BYTES_PER_BATCH,
-    InProcessScorer,
     NonFiniteRewardError,
     RewardFunctionError,
     RewardFunctionLoadError,
     RewardInput,
     RewardOutput,
-    RewardPolicy,
-    RewardProcess,
     RewardTimeoutError,
-    make_scorer,
 )
+from kuberl.trainer.rewards.process import OUTPUT_BYTES_PER_BATCH, RewardProcess, make_scorer
+from kuberl.trainer.rewards.scoring import InProcessScorer, RewardPolicy
 
 FUNCTIONS = r"""
 import os

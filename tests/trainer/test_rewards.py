@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from kuberl.trainer import models
-from kuberl.trainer.rewards import (
+from kuberl.trainer.model import loading
+from kuberl.trainer.rewards.functions import (
     BUILTINS,
     ERROR_KEY,
     SCORE_DTYPE,
@@ -16,16 +16,15 @@ from kuberl.trainer.rewards import (
     RewardFunctionError,
     RewardFunctionLoadError,
     RewardInput,
-    RewardModelScorer,
     RewardOutput,
-    check_finite,
     default,
     exact_match,
     gsm8k,
     load_reward_function,
     prefix_match,
-    score_batch,
 )
+from kuberl.trainer.rewards.model import RewardModelScorer
+from kuberl.trainer.rewards.scoring import check_finite, score_batch
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -266,10 +265,10 @@ def test_async_functions_work_when_called_from_inside_an_event_loop() -> None:
 @pytest.fixture(scope="module")
 def reward_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("rm")
-    config = models.tiny_config(models.parse_tiny("tiny://llama?seed=3"), num_labels=1)
+    config = loading.tiny_config(loading.parse_tiny("tiny://llama?seed=3"), num_labels=1)
     torch.manual_seed(3)
     AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
-    models.tiny_tokenizer().save_pretrained(folder)
+    loading.tiny_tokenizer().save_pretrained(folder)
     return folder
 
 
@@ -307,15 +306,15 @@ def test_reward_model_runs_micro_batches_of_its_size(reward_model_dir: Path) -> 
 
 
 def test_a_reward_model_with_several_labels_is_refused(tmp_path: Path) -> None:
-    config = models.tiny_config(models.parse_tiny("tiny://llama"), num_labels=2)
+    config = loading.tiny_config(loading.parse_tiny("tiny://llama"), num_labels=2)
     AutoModelForSequenceClassification.from_config(config).save_pretrained(tmp_path)
-    models.tiny_tokenizer().save_pretrained(tmp_path)
+    loading.tiny_tokenizer().save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="num_labels=2"):
         RewardModelScorer(str(tmp_path), micro_batch_size=1, dtype=torch.float32, max_length=8)
 
 
 def test_generated_gsm8k_rows_are_scored_by_the_gsm8k_rule_under_their_own_source() -> None:
-    from kuberl.trainer.datagen import GSM8K_SYNTH_SOURCE, gsm8k_synth
+    from kuberl.trainer.data.tasks import GSM8K_SYNTH_SOURCE, gsm8k_synth
 
     row = gsm8k_synth(1, seed=0, split="test")[0]
     truth = row["reward_model"]["ground_truth"]

@@ -14,8 +14,14 @@ import math
 import pytest
 import torch
 
-from kuberl.trainer.losses import POLICY_LOSSES, PolicyLossConfig, policy_loss, rollout_is_metrics, rollout_is_weights
-from kuberl.trainer.step_metrics import data_metrics
+from kuberl.trainer.algorithms.losses import (
+    POLICY_LOSSES,
+    PolicyLossConfig,
+    policy_loss,
+    rollout_is_metrics,
+    rollout_is_weights,
+)
+from kuberl.trainer.experience.metrics import data_metrics
 
 OLD = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.4, 1.0]]))
 ROLLOUT = torch.log(torch.tensor([[0.25, 0.3, 0.05], [0.2, 0.32, 1.0]]))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kuberl.trainer.models import load_causal_lm, load_tokenizer
+from kuberl.trainer.model.loading import load_causal_lm, load_tokenizer
 from kuberl.trainer.rollout import RolloutBatch, make_rollout
 from kuberl.trainer.rollout.base import left_pad, response_mask_from_eos
 

@@ -9,7 +9,7 @@ import yaml
 
 from kuberl.api import parse_spec
 from kuberl.api.contract import POOL_LABEL
-from kuberl.trainer.rollout.layout import (
+from kuberl.trainer.plan.layout import (
     PlacementError,
     engine_actor_options,
     plan_rollout_layout,
@@ -103,7 +103,7 @@ def test_a_layout_that_does_not_fit_names_the_fields(trainer_gpus, rollout_gpus,
 def test_a_gpu_job_on_a_machine_without_enough_gpus_fails_at_once(local_ray):
     import ray
 
-    from kuberl.trainer.cluster import Cluster
+    from kuberl.trainer.driver.cluster import Cluster
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
     cluster = Cluster(spec(trainer_gpus=gpus + 1, rollout_gpus=1, tp=1), ranks=gpus + 1, address=None, write=print)

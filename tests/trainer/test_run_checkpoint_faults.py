@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from kuberl.api.contract import EXIT_PERMANENT, EXIT_STOPPED
-from kuberl.trainer import checkpoint as ckpt
+from kuberl.trainer.checkpoint import files as ckpt
 from tests.trainer.kuberl_cli import REPO, cli_env, kuberl_run, run_command, start_in_session, tiny_job
 
 

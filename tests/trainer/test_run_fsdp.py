@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kuberl.api import parse_spec
-from kuberl.trainer.metrics import read_jsonl
+from kuberl.trainer.observe.metrics import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = "tiny://llama?hidden=32&layers=2&heads=2&kv_heads=1&seed=0"
@@ -155,8 +155,8 @@ def test_a_reward_model_scores_the_responses(tmp_path, local_ray):
 @pytest.mark.timeout(300)
 def test_a_reward_model_slower_than_the_timeout_ends_the_job_as_a_permanent_failure(tmp_path, local_ray):
     from kuberl.api.status import FailureClass
-    from kuberl.trainer.failures import classify
-    from kuberl.trainer.rewards import RewardTimeoutError
+    from kuberl.trainer.driver.failures import classify
+    from kuberl.trainer.rewards.functions import RewardTimeoutError
     from kuberl.trainer.run import run_job
 
     spec = tiny_spec(

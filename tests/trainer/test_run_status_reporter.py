@@ -1,7 +1,7 @@
 """RLJob status progress reports: rate limit, merge-patch body, and API errors that never fail a run."""
 
 from kuberl.api.status import Progress
-from kuberl.trainer.status_reporter import StatusReporter
+from kuberl.trainer.observe.status import StatusReporter
 
 
 class FakeApi:

@@ -6,7 +6,7 @@ import time
 import pytest
 import yaml
 
-from kuberl.trainer.metrics import read_jsonl
+from kuberl.trainer.observe.metrics import read_jsonl
 from tests.trainer.kuberl_cli import REPO, kuberl_run
 
 MARGIN = 0.06

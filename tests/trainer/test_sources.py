@@ -11,11 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from kuberl.trainer.data import DataError, load_rows
-from kuberl.trainer.datagen import digit_copy, write_rows
-from kuberl.trainer.metrics import read_jsonl
-from kuberl.trainer.model_shape import model_shape
-from kuberl.trainer.models import (
+from kuberl.trainer.data.prompts import DataError, load_rows
+from kuberl.trainer.data.tasks import digit_copy, write_rows
+from kuberl.trainer.model.loading import (
     ModelNotFoundError,
     build_tiny,
     load_causal_lm,
@@ -24,6 +22,8 @@ from kuberl.trainer.models import (
     resolve,
     tiny_tokenizer,
 )
+from kuberl.trainer.model.shape import model_shape
+from kuberl.trainer.observe.metrics import read_jsonl
 from tests.trainer.kuberl_cli import REPO, cli_env, run_command
 
 TINY = "tiny://llama?hidden=32&layers=1&heads=2&kv_heads=1&seed=3"
@@ -206,7 +206,7 @@ def test_kuberl_run_trains_a_step_on_model_and_data_read_from_s3(s3: Any, tmp_pa
     assert [r["step"] for r in records] == [1]
 
     from kuberl.cli import main
-    from kuberl.trainer.plot import figure, read_records, run_record
+    from kuberl.trainer.observe.plot import figure, read_records, run_record
 
     assert main(["plot", str(tmp_path / "run")]) == 0
     fig = figure(read_records(tmp_path / "run" / "metrics.jsonl"), run_record(tmp_path / "run"), tmp_path / "run")

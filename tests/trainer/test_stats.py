@@ -3,10 +3,10 @@ from pathlib import Path
 
 import pytest
 
-from kuberl.trainer.data import PromptDataset, load_rows
-from kuberl.trainer.datagen import digit_copy, gsm8k_synth, write_rows
-from kuberl.trainer.models import load_tokenizer
-from kuberl.trainer.stats import format_report, length_stats, percentiles, suggest_lengths
+from kuberl.trainer.data.lengths import format_report, length_stats, percentiles, suggest_lengths
+from kuberl.trainer.data.prompts import PromptDataset, load_rows
+from kuberl.trainer.data.tasks import digit_copy, gsm8k_synth, write_rows
+from kuberl.trainer.model.loading import load_tokenizer
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 TOKENIZER = load_tokenizer("tiny://llama")

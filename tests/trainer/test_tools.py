@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kuberl.trainer.tools import Request, ToolPool, ToolStartError, calculator, python_expr
+from kuberl.trainer.rollout.tools import Request, ToolPool, ToolStartError, calculator, python_expr
 
 
 def test_calculator_evaluates_arithmetic_only() -> None:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from e2e.fixtures import missing_tool
-from kuberl.trainer.metrics import MetricsLogger
-from kuberl.trainer.tracking import wandb_mode
+from kuberl.trainer.observe.metrics import MetricsLogger
+from kuberl.trainer.observe.tracking import wandb_mode
 from tests.trainer.mlflow_server import MLFLOW_VERSION, Unavailable, mlflow_command, mlflow_server
 
 BLOCK = 32768  # the .wandb file's block size

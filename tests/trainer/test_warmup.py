@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from kuberl.api.spec import Agent
-from kuberl.trainer.datagen import arithmetic
-from kuberl.trainer.models import TINY_SCHEME, load_causal_lm, tiny_tokenizer
+from kuberl.trainer.data.tasks import arithmetic
+from kuberl.trainer.model.loading import TINY_SCHEME, load_causal_lm, tiny_tokenizer
 from kuberl.trainer.rollout.agent import AgentLoop, ObservationRenderer, find_call
-from kuberl.trainer.tools import calculator
+from kuberl.trainer.rollout.tools import calculator
 from kuberl.trainer.warmup import arithmetic_demonstration, main, save_policy, warm_up
 from tests.trainer.test_agent_loop import ScriptedPolicy
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kuberl.trainer.weight_sync import bucketed, flatten
+from kuberl.trainer.rollout.weight_sync import bucketed, flatten
 
 
 def weights() -> list[tuple[str, torch.Tensor]]:

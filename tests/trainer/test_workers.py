@@ -8,7 +8,7 @@ import torch
 
 from kuberl.api import parse_spec
 from kuberl.api.spec import LoRA
-from kuberl.trainer.microbatch import shard_mini_batches
+from kuberl.trainer.model.microbatch import shard_mini_batches
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = "tiny://llama?hidden=32&layers=2&heads=2&kv_heads=1&seed=1"
@@ -38,7 +38,8 @@ class Group:
         import ray
         from ray.util.placement_group import placement_group
 
-        from kuberl.trainer.workers import ActorWorker, WorkerGroup
+        from kuberl.trainer.workers.actor import ActorWorker
+        from kuberl.trainer.workers.group import WorkerGroup
 
         dp = spec.cluster.trainer.gpus_per_node
         self.pg = placement_group([{"CPU": 1.0}] * dp)
@@ -80,7 +81,7 @@ def train(spec, steps: int = 1) -> tuple[dict[str, torch.Tensor], list[float]]:
     """``steps`` actor updates on fixed_rows, split as the driver splits them, against the old log-probs of the
     initial model (so that the ratio, the clipping and the loss move from step to step); the full weights afterwards
     and the loss of every step."""
-    from kuberl.trainer.step_metrics import reduce_update_metrics
+    from kuberl.trainer.experience.metrics import reduce_update_metrics
 
     group = Group(spec)
     try:
@@ -233,7 +234,7 @@ def test_the_rollout_correction_weighs_each_tokens_loss_in_the_update(local_ray)
     weighting the wrong tokens) changes the gradient's direction and fails the comparison."""
     import math
 
-    from kuberl.trainer.step_metrics import reduce_update_metrics
+    from kuberl.trainer.experience.metrics import reduce_update_metrics
 
     rows = fixed_rows()
     keys = ("prompts", "prompt_mask", "responses", "response_mask")
@@ -271,7 +272,7 @@ def test_non_finite_steps_are_skipped_counted_and_fail_after_the_limit_in_a_row(
     skipped and counted, a finite step resets the run, and maxConsecutiveSkippedSteps in a row fail the update."""
     import ray
 
-    from kuberl.trainer.step_metrics import reduce_update_metrics
+    from kuberl.trainer.experience.metrics import reduce_update_metrics
 
     spec = spec_for(1, ppoMicroBatchSizePerGPU=8)
     spec.trainer.max_consecutive_skipped_steps = 2

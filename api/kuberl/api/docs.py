@@ -26,7 +26,7 @@ def _verl_note(key: VerlKey) -> str:
 
 
 # Algorithms: (name, verl's config, formula). Per response i of group g: r_i its summed reward, n_g the group's
-# size, |y_i| its masked tokens; per token ρ = π/π_old. Kept in step with kuberl.trainer.advantages / losses.
+# size, |y_i| its masked tokens; per token ρ = π/π_old. Kept in step with kuberl.trainer.algorithms.advantages / losses.
 ESTIMATORS: list[tuple[str, str, str]] = [
     (
         "gae",
@@ -215,8 +215,8 @@ def api_markdown() -> str:
             "",
             "## Algorithms",
             "",
-            "Every estimator, policy loss and aggregation is one registered function (`kuberl.trainer.advantages`, "
-            "`kuberl.trainer.losses`) with verl's definition. Per response i of group g (the rolloutN responses to "
+            "Every estimator, policy loss and aggregation is one registered function (`kuberl.trainer.algorithms.advantages`, "
+            "`kuberl.trainer.algorithms.losses`) with verl's definition. Per response i of group g (the rolloutN responses to "
             "one prompt): r_i its summed reward, |y_i| its response tokens, ρ = π/π_old per token, "
             "ε_low/ε_high = algorithm.clipRatioLow/High. All aggregations are over the global mini-batch, so the "
             "loss does not depend on micro-batching or the GPU count.",

@@ -105,7 +105,7 @@ GPU_LABEL_ALIASES = {"NVIDIA-TESLA-A100": "A100-40GB", "NVIDIA-H100-MEGA-80GB": 
 """GKE's names that carry no size (`nvidia-tesla-a100` is the 40 GB A100)."""
 
 Layout = Literal["colocated", "shared", "disjoint", "pools"]
-"""Where the rollout runs (kuberl.trainer.rollout.layout decides it): in the trainer's process, in its own process
+"""Where the rollout runs (kuberl.trainer.plan.layout decides it): in the trainer's process, in its own process
 on the trainer's GPU, or on GPUs of its own."""
 
 

@@ -127,7 +127,7 @@ def _cel_string(text: str) -> str:
 
 
 # --- remote sources (issue 19) ---
-# What the trainer can load (kuberl.trainer.sources): local paths, hf:// through the hub cache, s3:// through
+# What the trainer can load (kuberl.trainer.data.sources): local paths, hf:// through the hub cache, s3:// through
 # fsspec; tiny:// test models for model paths. Any other URL, and a bare hub id (ORG/NAME, which would be read
 # as a relative folder and fail on the cluster), is refused here, offline and at admission.
 URL_SCHEME = "^[A-Za-z][A-Za-z0-9+.-]*://"

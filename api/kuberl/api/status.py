@@ -83,7 +83,7 @@ class FailureClass(StrEnum):
 
 
 class Failure(StatusModel):
-    """Why the trainer's attempt failed, as it reported it before exiting (kuberl.trainer.failures)."""
+    """Why the trainer's attempt failed, as it reported it before exiting (kuberl.trainer.driver.failures)."""
 
     kind: FailureClass = Field(description="Permanent (not retried) or Transient (retried up to backoffLimit).")
     error: Annotated[str, Field(max_length=256)] = Field(description="The error's class, e.g. DataError.")

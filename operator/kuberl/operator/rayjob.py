@@ -406,7 +406,7 @@ def _worker_group(group: str, pool: NodePool, name: str, spec: RLJobSpec) -> dic
         "maxReplicas": pool.nodes,
         "numOfHosts": 1,
         "rayStartParams": {},
-        # Ray node labels: the trainer selects its pools by them (kuberl.trainer.rollout.layout)
+        # Ray node labels: the trainer selects its pools by them (kuberl.trainer.plan.layout)
         "labels": {POOL_LABEL: group},
         "template": {
             "metadata": _pod_metadata({**common_labels(name, f"ray-{group}"), POOL_LABEL: group}, pool.pod),

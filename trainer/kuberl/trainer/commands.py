@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from kuberl.trainer.failures import PERMANENT_ERRORS
+    from kuberl.trainer.driver.failures import PERMANENT_ERRORS
     from kuberl.trainer.run import run_job
 
     try:
@@ -152,9 +152,9 @@ def plan(args: argparse.Namespace) -> int:
 
     from kuberl.api import InvalidSpec, load_rljob
     from kuberl.api.memory import format_plan, gpu_named, gpu_of, plan_memory
-    from kuberl.trainer.model_shape import model_shape
-    from kuberl.trainer.models import ModelNotFoundError
-    from kuberl.trainer.rollout.layout import PlacementError, plan_rollout_layout
+    from kuberl.trainer.model.loading import ModelNotFoundError
+    from kuberl.trainer.model.shape import model_shape
+    from kuberl.trainer.plan.layout import PlacementError, plan_rollout_layout
 
     try:
         name, spec = load_rljob(args.file, args.set)
@@ -221,7 +221,7 @@ def rljob_name(path: str) -> str:
 
 
 def export(args: argparse.Namespace) -> int:
-    from kuberl.trainer.export import ExportError, export_checkpoint, find_checkpoint, run_record
+    from kuberl.trainer.checkpoint.export import ExportError, export_checkpoint, find_checkpoint, run_record
 
     try:
         checkpoint = find_checkpoint(args.checkpoint)
@@ -240,7 +240,7 @@ def export(args: argparse.Namespace) -> int:
 
 
 def plot(args: argparse.Namespace) -> int:
-    from kuberl.trainer.plot import plot_run
+    from kuberl.trainer.observe.plot import plot_run
 
     try:
         out = plot_run(args.run_dir, args.output_file)
@@ -252,7 +252,7 @@ def plot(args: argparse.Namespace) -> int:
 
 
 def data(args: argparse.Namespace) -> int:
-    from kuberl.trainer import datagen
+    from kuberl.trainer.data import tasks
 
     if args.layout is not None and args.task != "arithmetic":
         print(f"error: --layout shapes arithmetic problems; the {args.task} task takes none", file=sys.stderr)
@@ -264,7 +264,7 @@ def data(args: argparse.Namespace) -> int:
         if args.steps is not None:
             shape["steps"] = tuple(args.steps)
         try:
-            datagen.main_gsm8k_synth(args.output_file, args.n, args.seed, args.split, **shape)
+            tasks.main_gsm8k_synth(args.output_file, args.n, args.seed, args.split, **shape)
         except (OSError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -275,10 +275,10 @@ def data(args: argparse.Namespace) -> int:
         )
         return 1
     elif args.task == "arithmetic":
-        datagen.main_arithmetic(args.output_file, args.n, args.seed, args.split, args.layout or "chat")
+        tasks.main_arithmetic(args.output_file, args.n, args.seed, args.split, args.layout or "chat")
     else:
         try:
-            datagen.main_digit_copy(args.output_file, args.n, args.seed, args.split)
+            tasks.main_digit_copy(args.output_file, args.n, args.seed, args.split)
         except (OSError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -286,9 +286,9 @@ def data(args: argparse.Namespace) -> int:
 
 
 def stats(args: argparse.Namespace) -> int:
-    from kuberl.trainer.data import DataError
-    from kuberl.trainer.models import load_tokenizer
-    from kuberl.trainer.stats import format_report, length_stats
+    from kuberl.trainer.data.lengths import format_report, length_stats
+    from kuberl.trainer.data.prompts import DataError
+    from kuberl.trainer.model.loading import load_tokenizer
 
     try:
         report = length_stats(args.files, load_tokenizer(args.tokenizer), args.prompt_key)

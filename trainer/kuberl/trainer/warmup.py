@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from kuberl.trainer.datagen import ARITHMETIC_LAYOUTS, arithmetic
-from kuberl.trainer.models import load_causal_lm, load_tokenizer, save_hf
+from kuberl.trainer.data.tasks import ARITHMETIC_LAYOUTS, arithmetic
+from kuberl.trainer.model.loading import load_causal_lm, load_tokenizer, save_hf
 from kuberl.trainer.rollout.agent import ObservationRenderer
-from kuberl.trainer.tools import calculator
+from kuberl.trainer.rollout.tools import calculator
 
 WARM_MODEL = "tiny://llama?hidden=64&layers=2&heads=4&kv_heads=2&seed=0"
 """The tiny model of examples/agent-calculator-cpu.yaml."""

@@ -6,7 +6,7 @@ The loop (``rollout.agent``, docs/agentic.md), batched per turn over the traject
    rollout (``hf`` or ``vllm``, colocated or separate), at most the trajectory's remaining token budget;
 2. a turn ends at eos or right after the first complete tool call (vLLM stops there by stop string; ``hf`` generates
    on and the loop cuts the turn at the call's last token);
-3. run every call of the turn in the tool worker pool (:mod:`kuberl.trainer.tools`: other processes, with timeouts
+3. run every call of the turn in the tool worker pool (:mod:`kuberl.trainer.rollout.tools`: other processes, with timeouts
    and a memory limit), concurrently; errors and timeouts become observations that name the call;
 4. append each observation as a tool turn (the chat template's tool role, or a plain ``<tool_response>`` block),
    masked out of the loss;
@@ -31,9 +31,9 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from kuberl.api.spec import Agent
-from kuberl.trainer.microbatch import Rows
+from kuberl.trainer.model.microbatch import Rows
 from kuberl.trainer.rollout.base import left_pad
-from kuberl.trainer.tools import Request, Result, ToolPool
+from kuberl.trainer.rollout.tools import Request, Result, ToolPool
 
 TurnGenerator = Callable[[list[list[int]], int, tuple[str, ...]], Rows]
 """``(contexts, max_new_tokens, stop strings)`` → single-turn rows, one response per context."""

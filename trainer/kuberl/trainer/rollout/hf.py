@@ -70,7 +70,7 @@ class HFRollout(ColocatedRollout):
         ]
         if len(parts) == 1:
             return parts[0]
-        from kuberl.trainer.microbatch import concat
+        from kuberl.trainer.model.microbatch import concat
 
         rows = concat([p.as_rows() for p in parts], self.pad_id)
         return RolloutBatch(
@@ -129,7 +129,7 @@ class HFRollout(ColocatedRollout):
 
 class HFEngineActor:
     """A Ray actor holding one CPU engine of a separate ``hf`` rollout: its own copy of the policy, refreshed from
-    the Ray object store (:class:`~kuberl.trainer.weight_sync.ObjectStoreSender`), every batch stamped with the
+    the Ray object store (:class:`~kuberl.trainer.rollout.weight_sync.ObjectStoreSender`), every batch stamped with the
     version of the weights it holds."""
 
     def __init__(
@@ -143,7 +143,7 @@ class HFEngineActor:
         calculate_log_probs: bool,
         max_batch_size: int,
     ) -> None:
-        from kuberl.trainer.models import load_causal_lm
+        from kuberl.trainer.model.loading import load_causal_lm
 
         torch.set_num_threads(threads)
         torch.manual_seed(seed)

@@ -10,9 +10,9 @@ Two placements (``spec.rollout.placement``):
   the trainer, the engine joins it through vLLM's ``external_launcher`` executor: with tensorParallelSize 1 every
   rank is an independent engine over its own prompts.
 - ``separate``: engines (:class:`SeparateVLLMEngine`) run in their own Ray actors (:class:`VLLMEngineActor`), on the rollout pool's GPUs or
-  sharing the trainer's (:mod:`kuberl.trainer.rollout.layout`); the driver fans prompts out over them
-  (:class:`~kuberl.trainer.rollout.engines.EngineGroup`) and the trainer sends new weights over NCCL or CUDA IPC
-  (:class:`kuberl.trainer.weight_sync.WeightBroadcaster`). They never sleep.
+  sharing the trainer's (:mod:`kuberl.trainer.plan.layout`); the driver fans prompts out over them
+  (:class:`~kuberl.trainer.rollout.engine_group.EngineGroup`) and the trainer sends new weights over NCCL or CUDA IPC
+  (:class:`kuberl.trainer.rollout.weight_sync.WeightBroadcaster`). They never sleep.
 
 Rollout log-probs (``rollout.calculateLogProbs``) are vLLM's ``processed_logprobs`` of the sampled tokens: the
 log-softmax after temperature (and top-k/top-p, which renormalise over the kept tokens), i.e. the log-probability
@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from kuberl.trainer.rollout.base import ColocatedRollout, RolloutBatch, left_pad, response_mask_from_eos
-from kuberl.trainer.weight_sync import (
+from kuberl.trainer.rollout.weight_sync import (
     DEFAULT_BUCKET_MB,
     VLLM_TRANSPORTS,
     Bucket,
@@ -64,23 +64,23 @@ def model_folder(path: str) -> str:
     """A Hugging Face folder vLLM can load for any ``model.path`` the trainer accepts.
 
     ``tiny://`` models are materialised once (seeded weights, so every rank writes the same files) under the
-    kuberl cache; everything else goes through ``models.resolve`` (GGUF conversion, the ``smollm2`` alias).
+    kuberl cache; everything else goes through ``loading.resolve`` (GGUF conversion, the ``smollm2`` alias).
     """
-    from kuberl.trainer import models
+    from kuberl.trainer.model import loading
 
-    source = models.resolve(path)
-    if not source.startswith(models.TINY_SCHEME):
+    source = loading.resolve(path)
+    if not source.startswith(loading.TINY_SCHEME):
         return source
     import hashlib
 
-    spec = models.parse_tiny(source)
-    target = models.cache_dir() / "tiny" / hashlib.sha256(source.encode()).hexdigest()[:16]
+    spec = loading.parse_tiny(source)
+    target = loading.cache_dir() / "tiny" / hashlib.sha256(source.encode()).hexdigest()[:16]
     if not (target / "config.json").exists():
         from transformers import AutoModelForCausalLM
 
-        model = models.build_tiny(spec, AutoModelForCausalLM, torch.float32)
+        model = loading.build_tiny(spec, AutoModelForCausalLM, torch.float32)
         staging = target.with_name(f"{target.name}.tmp-{os.getpid()}")
-        models.save_hf(model.state_dict(), model.config, models.tiny_tokenizer(), str(staging))
+        loading.save_hf(model.state_dict(), model.config, loading.tiny_tokenizer(), str(staging))
         try:
             staging.rename(target)
         except OSError:
@@ -97,7 +97,7 @@ def gpu_memory_in_use_gib() -> float:
 
 class VLLMEngine:
     """One vLLM engine and its generation; the placements differ in how weights arrive and whether it sleeps
-    (:class:`VLLMRollout` colocated, :class:`SeparateVLLMEngine`). ``model_path`` is anything ``models.resolve``
+    (:class:`VLLMRollout` colocated, :class:`SeparateVLLMEngine`). ``model_path`` is anything ``loading.resolve``
     accepts; ``load_format="dummy"`` skips reading the checkpoint when the first weight update supplies the weights
     anyway."""
 
@@ -375,7 +375,7 @@ class VLLMRollout(VLLMEngine, ColocatedRollout):
 
 class SeparateVLLMEngine(VLLMEngine):
     """A separate engine (in a :class:`VLLMEngineActor`): it never sleeps, and the trainer ranks send it weights
-    over NCCL or CUDA IPC (:class:`kuberl.trainer.weight_sync.WeightBroadcaster`)."""
+    over NCCL or CUDA IPC (:class:`kuberl.trainer.rollout.weight_sync.WeightBroadcaster`)."""
 
     def __init__(self, model_path: str, *, weight_transfer: str = "nccl", **kwargs: Any) -> None:
         if weight_transfer not in VLLM_TRANSPORTS:

@@ -1,0 +1,44 @@
+"""A rank that scores texts with a sequence-classification reward model (``reward.model``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from kuberl.api.spec import RLJobSpec
+from kuberl.trainer.model import fsdp
+from kuberl.trainer.plan.execution import ExecutionPlan
+
+if TYPE_CHECKING:
+    pass
+
+
+class RewardModelWorker:
+    """Scores ``prompt + response`` texts with ``reward.model`` (one per rank; the driver splits the texts)."""
+
+    def __init__(self, spec_json: str, rank: int, world_size: int, threads: int, plan: ExecutionPlan) -> None:
+        from kuberl.trainer.rewards.model import RewardModelScorer
+
+        spec = RLJobSpec.model_validate_json(spec_json)
+        torch.set_num_threads(max(1, threads))
+        rm = spec.reward.model
+        assert rm is not None
+        device = "cuda" if spec.cluster.device == "cuda" else "cpu"
+        self.scorer = RewardModelScorer(
+            rm.path,
+            micro_batch_size=rm.micro_batch_size_per_gpu,
+            dtype=fsdp.compute_dtype(spec.model.dtype, device),
+            max_length=rm.max_length,
+            device=device,
+        )
+        self.rank = rank
+
+    def init_distributed(self, address: str, port: int) -> None:
+        """Scoring is embarrassingly parallel: no process group."""
+
+    def rendezvous(self) -> tuple[str, int]:
+        return "", 0
+
+    def score(self, texts: list[str]) -> list[float]:
+        return self.scorer.score(texts)
