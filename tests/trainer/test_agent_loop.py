@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kuberl.api.spec import Agent
-from kuberl.trainer.experience.collect import place_at_last_token
+from kuberl.trainer.experience.batch import place_at_last_token
 from kuberl.trainer.model.loading import tiny_tokenizer
 from kuberl.trainer.model.microbatch import Rows, lengths, model_inputs
 from kuberl.trainer.rollout.agent import AgentLoop, find_call

@@ -56,7 +56,7 @@ def test_the_generation_runs_in_the_background_and_one_at_a_time():
             generation.submit(draw(Loader(4)))
         release.set()
         done = generation.wait()
-        assert not generation.busy and done.rollouts == [1]
+        assert not generation.busy and done.scored == [1]
         assert done.timer.seconds["gen"] <= done.finished - done.started
         with pytest.raises(RuntimeError, match="no batch"):
             generation.wait()
@@ -88,7 +88,7 @@ def test_overlap_is_the_generation_inside_the_trainers_passes(started, finished,
 
 
 def test_staleness_is_the_policy_version_less_the_oldest_stamp():
-    rows = {"weight_version": torch.tensor([3, 3, 2, 3])}
-    assert staleness_metrics(rows, policy_version=3) == {"rollout/weight_version": 2.0, "rollout/staleness": 1.0}
-    assert staleness_metrics({"weight_version": torch.tensor([5, 5])}, policy_version=5)["rollout/staleness"] == 0.0
-    assert staleness_metrics({"responses": torch.zeros(2, 3)}, policy_version=5) == {}
+    stamps = torch.tensor([3, 3, 2, 3])
+    assert staleness_metrics(stamps, policy_version=3) == {"rollout/weight_version": 2.0, "rollout/staleness": 1.0}
+    assert staleness_metrics(torch.tensor([5, 5]), policy_version=5)["rollout/staleness"] == 0.0
+    assert staleness_metrics(None, policy_version=5) == {}  # rows without stamps (the agent loop's)

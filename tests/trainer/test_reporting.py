@@ -9,11 +9,10 @@ import yaml
 from kuberl.api import parse_spec
 from kuberl.trainer.algorithms.kl import make_kl_controller
 from kuberl.trainer.checkpoint import files as ckpt
-from kuberl.trainer.checkpoint.checkpointer import Checkpointer
+from kuberl.trainer.checkpoint.checkpointer import Checkpointer, CheckpointFolder
 from kuberl.trainer.data.prompts import PromptDataset, PromptLoader, load_rows
-from kuberl.trainer.driver.cluster import Cluster
 from kuberl.trainer.model.loading import load_tokenizer
-from kuberl.trainer.observe.reporting import Reporting, write
+from kuberl.trainer.observe.reporting import Reporting
 from kuberl.trainer.observe.status import StatusReporter
 from tests.trainer.test_checkpoint import seal
 from tests.trainer.test_run_status_reporter import FakeApi, FakeCore
@@ -65,16 +64,19 @@ def test_a_damaged_checkpoint_is_skipped_with_a_console_warning_and_an_event(tmp
     with open(folder / "actor" / "model" / "__0_0.distcp", "r+b") as f:
         f.truncate(100)
     core = FakeCore()
+    held = CheckpointFolder(spec, rljob="tiny")
+    held.take()
     checkpoints = Checkpointer(
         spec,
-        rljob="tiny",
-        cluster=Cluster(spec, ranks=1, address=None, write=write),
+        folder=held,
+        roles=[],
+        ranks=1,
+        params=(0, 0),
         loader=loader(spec),
         kl_ctrl=make_kl_controller("fixed", 0.0, None, None),
         total_steps=40,
         reporting=reporting(tmp_path, FakeApi(), core),
     )
-    checkpoints.take_folder()
     assert checkpoints.resume() == 0 and checkpoints.last is None
     assert f"warning: checkpoint {folder} is damaged and was skipped" in capsys.readouterr().out
     ((_, event),) = core.events

@@ -21,6 +21,7 @@ from kuberl.trainer.algorithms.losses import (
     rollout_is_metrics,
     rollout_is_weights,
 )
+from kuberl.trainer.experience.batch import Experience
 from kuberl.trainer.experience.metrics import data_metrics
 
 OLD = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.4, 1.0]]))
@@ -127,28 +128,37 @@ def test_geo_mean_refuses_token_weights() -> None:
         )
 
 
-def step_rows() -> dict[str, torch.Tensor]:
-    return {
-        "prompts": torch.ones(2, 2, dtype=torch.long),
-        "prompt_mask": torch.ones(2, 2, dtype=torch.long),
-        "responses": torch.ones(2, 3, dtype=torch.long),
-        "response_mask": MASK.long(),
-        "advantages": ADV,
-        "returns": ADV,
-        "old_log_probs": OLD,
-        "rollout_log_probs": ROLLOUT,
-    }
+def step_experience() -> Experience:
+    return Experience(
+        prompts=torch.ones(2, 2, dtype=torch.long),
+        prompt_mask=torch.ones(2, 2, dtype=torch.long),
+        responses=torch.ones(2, 3, dtype=torch.long),
+        response_mask=MASK.long(),
+        response_attention_mask=None,
+        rollout_log_probs=ROLLOUT,
+        weight_version=None,
+        samples=[],
+        group_ids=torch.tensor([0, 0]),
+        scores=torch.zeros(2),
+        token_rewards=torch.zeros(2, 3),
+        advantages=ADV,
+        returns=ADV,
+        old_log_probs=OLD,
+        entropy=None,
+        ref_log_probs=None,
+        values=None,
+        metrics={},
+    )
 
 
 def test_step_metrics_report_the_weights_when_the_correction_is_on() -> None:
     """Ratios 2, 1, 4, 0.5, 1.25 over the 5 valid tokens: mean 1.75, max 4, min 0.5, 2 of 5 above 1.5."""
-    args = (step_rows(), torch.zeros(2), torch.zeros(2, 3), None, {})
-    on = data_metrics(*args, max_response_length=3, kl_coef=None, rollout_is_threshold=THRESHOLD)
+    on = data_metrics(step_experience(), max_response_length=3, kl_coef=None, rollout_is_threshold=THRESHOLD)
     close(on["mismatch/rollout_is_mean"], 1.75)
     close(on["mismatch/rollout_is_max"], 4.0)
     close(on["mismatch/rollout_is_min"], 0.5)
     close(on["mismatch/rollout_is_ratio_fraction_high"], 0.4)
-    off = data_metrics(*args, max_response_length=3, kl_coef=None)
+    off = data_metrics(step_experience(), max_response_length=3, kl_coef=None)
     assert set(on) - set(off) == {
         "mismatch/rollout_is_mean",
         "mismatch/rollout_is_max",

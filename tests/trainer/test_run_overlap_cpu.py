@@ -100,24 +100,26 @@ def test_overlap_generates_each_batch_one_step_behind(overlapped):
 
 @pytest.mark.timeout(300)
 def test_stop_during_an_overlapped_step_regenerates_the_pending_batch_on_resume(tmp_path, local_ray, overlapped):
-    from kuberl.trainer.driver import trainer as run_module
+    from kuberl.api.contract import EXIT_INTERRUPTED
+    from kuberl.trainer.driver.trainer import Trainer
     from kuberl.trainer.run import run_job
 
     doc = spec(tmp_path / "ckpt", "oneStepOffPolicy")
-    trainer = run_module.Trainer("resumed", parse_spec(doc), run_dir=tmp_path / "resumed")
+    trainer = Trainer("resumed", parse_spec(doc), run_dir=tmp_path / "resumed")
     trainer.show_progress = False
     try:
         trainer.setup()
-        learn = trainer.learn
+        update = trainer.update
 
-        def interrupt_step_two(batch, timer):  # a real SIGINT while batch 3 is being generated ahead
+        def interrupt_step_two(exp, timer):  # a real SIGINT while batch 3 is being generated ahead
             if trainer.global_step == 1:
-                assert trainer.generation is not None and trainer.generation.busy
+                ahead = trainer.experience.ahead
+                assert ahead is not None and ahead.busy
                 os.kill(os.getpid(), signal.SIGINT)
-            return learn(batch, timer)
+            return update(exp, timer)
 
-        trainer.learn = interrupt_step_two
-        assert trainer.fit() == run_module.EXIT_INTERRUPTED
+        trainer.update = interrupt_step_two
+        assert trainer.fit() == EXIT_INTERRUPTED
     finally:
         trainer.shutdown()
     assert trainer.global_step == 2

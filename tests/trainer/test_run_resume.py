@@ -84,22 +84,23 @@ def test_resumed_run_matches_a_straight_run(tmp_path, local_ray, make_spec):
     resumed = make_spec(tmp_path / "resumed-ckpt")
     # the first half stops after step 3 (the scheduler still plans for 6 steps: totalSteps stays in the spec) …
     first = dict(resumed, trainer={**resumed["trainer"], "saveFreq": 3})
-    from kuberl.trainer.driver import trainer as run_module
+    from kuberl.api.contract import EXIT_INTERRUPTED
+    from kuberl.trainer.driver.trainer import Trainer
 
-    trainer = run_module.Trainer("resumed", parse_spec(first), run_dir=tmp_path / "resumed")
+    trainer = Trainer("resumed", parse_spec(first), run_dir=tmp_path / "resumed")
     trainer.show_progress = False
     try:
         trainer.setup()
         original = trainer.train_step
 
-        def stop_after_three(prompts):
-            metrics = original(prompts)
+        def stop_after_three():
+            metrics = original()
             if trainer.global_step == 2:  # global_step counts completed steps; this is step 3
                 trainer._on_stop_signal(signal.SIGINT, None)
             return metrics
 
         trainer.train_step = stop_after_three
-        assert trainer.fit() == run_module.EXIT_INTERRUPTED
+        assert trainer.fit() == EXIT_INTERRUPTED
     finally:
         trainer.shutdown()
     assert (tmp_path / "resumed-ckpt" / "global_step_3" / "manifest.json").exists()

@@ -47,7 +47,7 @@ class Group:
         self.group = WorkerGroup(
             ActorWorker, role="actor", spec=spec, placement_group=self.pg, world_size=dp, threads=1
         )
-        self.info = self.group.all("init_model", 10)[0]
+        self.info = self.group.call("init_model", 10)[0]
 
     def close(self) -> None:
         from ray.util.placement_group import remove_placement_group
@@ -81,7 +81,7 @@ def train(spec, steps: int = 1) -> tuple[dict[str, torch.Tensor], list[float]]:
     """``steps`` actor updates on fixed_rows, split as the driver splits them, against the old log-probs of the
     initial model (so that the ratio, the clipping and the loss move from step to step); the full weights afterwards
     and the loss of every step."""
-    from kuberl.trainer.experience.metrics import reduce_update_metrics
+    from kuberl.trainer.workers.base import reduce_update_metrics
 
     group = Group(spec)
     try:
@@ -98,7 +98,7 @@ def train(spec, steps: int = 1) -> tuple[dict[str, torch.Tensor], list[float]]:
             mine = shard_mini_batches(rows, mini_batch_rows=8, dp=dp)
             results = group.group.each("update", [(m, totals) for m in mine])
             losses.append(reduce_update_metrics(results, "actor")["actor/pg_loss"])
-        weights = group.group.all("full_weights")
+        weights = group.group.call("full_weights")
         for other in weights[1:]:  # every rank gathers the same full weights
             assert all(torch.equal(other[k], weights[0][k]) for k in weights[0])
         return weights[0], losses
@@ -146,7 +146,7 @@ def test_training_log_probs_match_the_rollout_after_a_weight_sync(local_ray):
         keys = ("prompts", "prompt_mask", "responses", "response_mask", "old_log_probs", "advantages")
         mb = {k: rows[k] for k in keys}
         group.group.each("update", [([mb], totals), ([mb], totals)])
-        group.group.all("sync_weights", 1)
+        group.group.call("sync_weights", 1)
         fresh = group.group.each("generate", [(prompts[:2], 2, sampling), (prompts[2:], 2, sampling)])
         for batch in fresh:
             recomputed = group.group.each("compute_log_probs", [(batch,), (batch,)])[0]["log_probs"]
@@ -172,7 +172,7 @@ def test_lora_reference_is_the_base_model_and_the_rollout_gets_merged_weights(lo
         policy = torch.cat([o["log_probs"] for o in group.group.each("compute_log_probs", [(s,) for s in shards])])
         ref = torch.cat([o["ref_log_probs"] for o in group.group.each("compute_ref_log_probs", [(s,) for s in shards])])
         torch.testing.assert_close(policy, ref)  # lora_B starts at zero: the adapter is a no-op
-        base = group.group.all("full_weights")[0]
+        base = group.group.call("full_weights")[0]
         assert not any("lora" in name or "base_layer" in name for name in base)
         rows["old_log_probs"] = policy
         rows["ref_log_probs"] = ref
@@ -184,7 +184,7 @@ def test_lora_reference_is_the_base_model_and_the_rollout_gets_merged_weights(lo
         )
         torch.testing.assert_close(ref_after, ref)  # the base weights are frozen
         assert not torch.allclose(after, policy)
-        merged = group.group.all("full_weights")[0]
+        merged = group.group.call("full_weights")[0]
         changed = [n for n in merged if not torch.equal(merged[n], base[n])]
         assert changed and all("proj" in n for n in changed)  # only adapted linear layers moved
     finally:
@@ -210,8 +210,8 @@ def test_an_update_without_old_log_probs_takes_them_from_its_own_forward(local_r
             if not fused:
                 given["old_log_probs"] = torch.cat([o["log_probs"] for o in old])
             group.group.each("update", [(m, totals) for m in shard_mini_batches(given, mini_batch_rows=8, dp=2)])
-            outputs = group.group.all("update_outputs")
-            results[fused] = (old, outputs, group.group.all("full_weights")[0])
+            outputs = group.group.call("update_outputs")
+            results[fused] = (old, outputs, group.group.call("full_weights")[0])
         finally:
             group.close()
     old, outputs, weights = results[True]
@@ -234,7 +234,7 @@ def test_the_rollout_correction_weighs_each_tokens_loss_in_the_update(local_ray)
     weighting the wrong tokens) changes the gradient's direction and fails the comparison."""
     import math
 
-    from kuberl.trainer.experience.metrics import reduce_update_metrics
+    from kuberl.trainer.workers.base import reduce_update_metrics
 
     rows = fixed_rows()
     keys = ("prompts", "prompt_mask", "responses", "response_mask")
@@ -257,7 +257,7 @@ def test_the_rollout_correction_weighs_each_tokens_loss_in_the_update(local_ray)
                 given["advantages"] = rows["advantages"] * torch.where(even, 1.5, 0.5)
             mine = shard_mini_batches(given, mini_batch_rows=8, dp=2)
             metrics = reduce_update_metrics(group.group.each("update", [(m, totals) for m in mine]), "actor")
-            results[corrected] = (metrics["actor/pg_loss"], group.group.all("full_weights")[0])
+            results[corrected] = (metrics["actor/pg_loss"], group.group.call("full_weights")[0])
         finally:
             group.close()
     assert results[True][0] != 0.0
@@ -272,7 +272,7 @@ def test_non_finite_steps_are_skipped_counted_and_fail_after_the_limit_in_a_row(
     skipped and counted, a finite step resets the run, and maxConsecutiveSkippedSteps in a row fail the update."""
     import ray
 
-    from kuberl.trainer.experience.metrics import reduce_update_metrics
+    from kuberl.trainer.workers.base import reduce_update_metrics
 
     spec = spec_for(1, ppoMicroBatchSizePerGPU=8)
     spec.trainer.max_consecutive_skipped_steps = 2
@@ -289,9 +289,9 @@ def test_non_finite_steps_are_skipped_counted_and_fail_after_the_limit_in_a_row(
             mine = shard_mini_batches(dict(given, old_log_probs=old), mini_batch_rows=8, dp=1)
             return reduce_update_metrics(group.group.each("update", [(m, totals) for m in mine]), "actor")
 
-        before = group.group.all("full_weights")[0]
+        before = group.group.call("full_weights")[0]
         assert update(poisoned)["actor/skipped_steps"] == 1.0
-        after = group.group.all("full_weights")[0]
+        after = group.group.call("full_weights")[0]
         assert all(torch.equal(after[k], before[k]) for k in before), "a skipped step changed the weights"
         assert update(rows)["actor/skipped_steps"] == 0.0
         assert update(poisoned)["actor/skipped_steps"] == 1.0

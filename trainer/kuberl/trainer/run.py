@@ -60,7 +60,7 @@ def run_job(
             trainer.global_step,
             trainer.total_steps,
             time.time() - started,
-            trainer.last_checkpoint,
+            trainer.checkpoints.last,
         )
     )
     if code == EXIT_STOPPED:  # exit now: Ray's exit hooks would wait a minute for a GCS that SIGTERM stopped

@@ -1,5 +1,5 @@
-"""A run's checkpoints from the driver's side: the run first takes its folder (the owner lock) and checks that it
-can be written; a resume checks that the storage holds the checkpoints the run keeps, then finds the checkpoint
+"""A run's checkpoints from the driver's side: the run first takes its folder (:class:`CheckpointFolder`, the owner
+lock) and checks that it can be written; a resume checks that the storage holds the checkpoints the run keeps, then finds the checkpoint
 ``trainer.resume`` asks for and restores all of it; a save writes the worker groups' shards and the driver's state
 (step, data order, KL controller, RNG) under ``trainer.checkpointDir`` and marks it latest. The files themselves
 are :mod:`kuberl.trainer.checkpoint.files`'s."""
@@ -9,52 +9,48 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from kuberl.api import RLJobSpec
 from kuberl.api.contract import ENV_RLJOB_UID, timestamp
 from kuberl.trainer.algorithms.kl import KLController
 from kuberl.trainer.checkpoint import files as ckpt
 from kuberl.trainer.data.prompts import PromptLoader
-from kuberl.trainer.driver.cluster import Cluster
 from kuberl.trainer.observe.reporting import Reporting, write
 
 
-class Checkpointer:
-    """Saves and resumes one run; :attr:`last` is what the RLJob status and the closing line report."""
+class Group(Protocol):
+    """A worker group whose ranks save and load their shards (:class:`kuberl.trainer.workers.group.WorkerGroup`)."""
 
-    def __init__(
-        self,
-        spec: RLJobSpec,
-        *,
-        rljob: str,
-        cluster: Cluster,
-        loader: PromptLoader,
-        kl_ctrl: KLController,
-        total_steps: int,
-        reporting: Reporting,
-    ) -> None:
+    def call(self, method: str, *args: Any) -> Any: ...
+
+
+class CheckpointFolder:
+    """``trainer.checkpointDir`` held by one run: the owner lock, taken before anything there is deleted or written
+    (and before Ray starts, so that a folder this run cannot own or write fails at once), and the storage checks."""
+
+    def __init__(self, spec: RLJobSpec, *, rljob: str) -> None:
         self.spec = spec
         self.rljob = rljob
-        self.cluster = cluster
-        self.loader = loader
-        self.kl_ctrl = kl_ctrl
-        self.total_steps = total_steps
-        self.reporting = reporting
-        self.last: str | None = None
-        """The folder of the newest checkpoint this run saved or resumed from."""
+        self.path = Path(spec.trainer.checkpoint_dir)
         self.run_id = uuid.uuid4().hex[:12]
         self.lock: ckpt.FolderLock | None = None
 
-    def take_folder(self) -> None:
-        """Lock ``trainer.checkpointDir`` for this run (before anything there is deleted or written) and check that
-        it can be written; raises what a retry would meet again (:mod:`kuberl.trainer.driver.failures`: permanent). Another
-        run's hold is waited for up to runPolicy.terminationGracePeriodSeconds: how long a stopped attempt may
-        still be saving."""
+    @property
+    def identity(self) -> ckpt.Identity:
+        """What this run's checkpoints record and what auto-resume requires: the RLJob uid (the operator sets it) and
+        the hash of model/data/algorithm/batch."""
+        return ckpt.Identity(os.environ.get(ENV_RLJOB_UID) or None, ckpt.resume_fields_hash(self.spec))
+
+    def take(self) -> None:
+        """Lock the folder for this run and check that it can be written; raises what a retry would meet again
+        (:mod:`kuberl.trainer.driver.failures`: permanent). Another run's hold is waited for up to
+        runPolicy.terminationGracePeriodSeconds: how long a stopped attempt may still be saving."""
         resume = self.spec.trainer.resume
         named = Path(resume).expanduser().resolve()
-        adopt = resume not in ("auto", "disable") and named.parent == self.checkpoint_dir.resolve()
+        adopt = resume not in ("auto", "disable") and named.parent == self.path.resolve()
         owner = ckpt.Owner(
             uid=self.identity.uid,
             rljob=self.rljob,
@@ -64,8 +60,8 @@ class Checkpointer:
             since=timestamp(),
         )
         wait = float(self.spec.run_policy.termination_grace_period_seconds)
-        self.lock = ckpt.take_folder(self.checkpoint_dir, owner, wait_seconds=wait, adopt=adopt)
-        problem = ckpt.storage_problem(self.checkpoint_dir, 0)
+        self.lock = ckpt.take_folder(self.path, owner, wait_seconds=wait, adopt=adopt)
+        problem = ckpt.storage_problem(self.path, 0)
         if problem is not None:
             raise ckpt.CheckpointStorageError(problem)
 
@@ -73,42 +69,63 @@ class Checkpointer:
         if self.lock is not None:
             self.lock.release()
 
-    def estimated_size(self) -> int:
-        """Bytes of one checkpoint before one exists: the actor's weights and its trained parameters' Adam moments
-        (twice with a critic, the same trunk)."""
-        roles = 2 if self.cluster.critic is not None else 1
-        params, trained = self.cluster.params
-        return (ckpt.WEIGHT_BYTES * params + ckpt.OPTIMIZER_BYTES * trained) * roles
-
-    def check_storage(self) -> None:
-        """The storage preflight, before step 1: room for trainer.maxCheckpoints checkpoints and the next."""
-        size = ckpt.checkpoint_size(self.checkpoint_dir) or self.estimated_size()
-        problem = ckpt.storage_problem(self.checkpoint_dir, size, keep=self.spec.trainer.max_checkpoints or 0)
+    def check_room(self, estimated_size: int) -> None:
+        """The storage preflight, before step 1: room for trainer.maxCheckpoints checkpoints and the next, each the
+        size of the newest checkpoint there (``estimated_size`` before one exists)."""
+        size = ckpt.checkpoint_size(self.path) or estimated_size
+        problem = ckpt.storage_problem(self.path, size, keep=self.spec.trainer.max_checkpoints or 0)
         if problem is not None:
             raise ckpt.CheckpointStorageError(problem)
 
+
+class Checkpointer:
+    """Saves and resumes one run in its taken :class:`CheckpointFolder`; :attr:`last` is what the RLJob status and
+    the closing line report."""
+
+    def __init__(
+        self,
+        spec: RLJobSpec,
+        *,
+        folder: CheckpointFolder,
+        roles: Sequence[tuple[str, Group]],
+        ranks: int,
+        params: tuple[int, int],
+        loader: PromptLoader,
+        kl_ctrl: KLController,
+        total_steps: int,
+        reporting: Reporting,
+    ) -> None:
+        self.spec = spec
+        self.folder = folder
+        self.roles = roles
+        """The worker groups whose state a checkpoint holds, by folder name."""
+        self.ranks = ranks
+        self.params = params
+        """The policy's parameters, and of them the trained ones."""
+        self.loader = loader
+        self.kl_ctrl = kl_ctrl
+        self.total_steps = total_steps
+        self.reporting = reporting
+        self.last: str | None = None
+        """The folder of the newest checkpoint this run saved or resumed from."""
+
     @property
     def checkpoint_dir(self) -> Path:
-        return Path(self.spec.trainer.checkpoint_dir)
+        return self.folder.path
 
-    @property
-    def identity(self) -> ckpt.Identity:
-        """What this run's checkpoints record and what auto-resume requires: the RLJob uid (the operator sets it) and
-        the hash of model/data/algorithm/batch."""
-        return ckpt.Identity(os.environ.get(ENV_RLJOB_UID) or None, ckpt.resume_fields_hash(self.spec))
-
-    def roles(self) -> list[tuple[str, Any]]:
-        """The worker groups whose state a checkpoint holds, by folder name."""
-        critic = self.cluster.critic
-        return [("actor", self.cluster.actor)] + ([("critic", critic)] if critic is not None else [])
+    def estimated_size(self) -> int:
+        """Bytes of one checkpoint before one exists: each role's weights and its trained parameters' Adam moments
+        (the critic shares the policy's trunk)."""
+        params, trained = self.params
+        return (ckpt.WEIGHT_BYTES * params + ckpt.OPTIMIZER_BYTES * trained) * len(self.roles)
 
     def resume(self) -> int:
         """Check the storage, then restore the checkpoint ``trainer.resume`` selects; the step it was saved at, 0
-        when there is none. Call it after :meth:`take_folder`."""
-        assert self.lock is not None, "take_folder first: resuming deletes unfinished checkpoints"
-        self.check_storage()
+        when there is none. The folder must be taken: resuming deletes unfinished checkpoints."""
+        assert self.folder.lock is not None, "CheckpointFolder.take first: resuming deletes unfinished checkpoints"
+        self.folder.check_room(self.estimated_size())
         damaged: list[ckpt.Damaged] = []
-        folder = ckpt.resolve_resume(self.spec.trainer.resume, self.checkpoint_dir, self.identity, damaged)
+        folder = ckpt.resolve_resume(self.spec.trainer.resume, self.checkpoint_dir, self.folder.identity, damaged)
         for skipped in damaged:
             self.reporting.warn(
                 "CheckpointDamaged", f"checkpoint {skipped.folder} is damaged and was skipped: {skipped.reason}"
@@ -117,8 +134,8 @@ class Checkpointer:
             return 0
         state = ckpt.read_state(folder)
         step = int(state["step"])
-        for role, group in self.roles():
-            group.all("load_checkpoint", str(folder / role), step)
+        for role, group in self.roles:
+            group.call("load_checkpoint", str(folder / role), step)
         self.loader.load_state_dict(state["dataloader"])
         self.kl_ctrl.load_state_dict(state["kl_controller"])
         self.last = str(folder)
@@ -140,21 +157,21 @@ class Checkpointer:
 
     def _save(self, step: int, position: dict[str, int]) -> str:
         folder = ckpt.prepare(self.checkpoint_dir, step)
-        for role, group in self.roles():
-            group.all("save_checkpoint", str(folder / role))
+        for role, group in self.roles:
+            group.call("save_checkpoint", str(folder / role))
         ckpt.write_state(
             folder,
             {
                 "step": step,
                 "epoch": position["epoch"],
-                "rljob": self.rljob,
+                "rljob": self.folder.rljob,
                 "dataloader": position,
                 "kl_controller": self.kl_ctrl.state_dict(),
                 "total_steps": self.total_steps,
-                "trainer_ranks": self.cluster.ranks,
+                "trainer_ranks": self.ranks,
             },
-            self.identity,
-            roles=tuple(role for role, _ in self.roles()),
+            self.folder.identity,
+            roles=tuple(role for role, _ in self.roles),
         )
         ckpt.mark_latest(self.checkpoint_dir, folder)
         ckpt.rotate(self.checkpoint_dir, self.spec.trainer.max_checkpoints)

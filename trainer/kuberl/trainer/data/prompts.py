@@ -5,6 +5,8 @@ A row: ``data_source``, ``prompt`` (a chat list ``[{"role", "content"}]``), ``ab
 as verl does.
 """
 
+from __future__ import annotations
+
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from transformers import PreTrainedTokenizerBase
 
+from kuberl.api.spec import Data
 from kuberl.trainer.data.sources import SourceError, is_remote, read_bytes
 
 SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -247,3 +250,36 @@ class PromptLoader:
             )
         self.epoch = state["epoch"]
         self.batch_in_epoch = state["batch_in_epoch"]
+
+
+@dataclass(frozen=True)
+class RunPrompts:
+    """A run's prompts: the training loader over ``data.trainFiles`` and the validation prompts of
+    ``data.valFiles`` (overlong ones always dropped there)."""
+
+    loader: PromptLoader
+    validation: list[Prompt]
+
+    @classmethod
+    def load(cls, data: Data, tokenizer: PreTrainedTokenizerBase, *, batch_size: int) -> RunPrompts:
+        def dataset(files: list[str], filter_overlong: bool) -> PromptDataset:
+            rows, origins = load_rows_with_origins(files, prompt_key=data.prompt_key)
+            return PromptDataset(
+                rows,
+                tokenizer,
+                prompt_key=data.prompt_key,
+                max_prompt_length=data.max_prompt_length,
+                filter_overlong=filter_overlong,
+                origins=origins,
+            )
+
+        train = dataset(data.train_files, data.filter_overlong_prompts)
+        loader = PromptLoader(train, batch_size, seed=data.seed, shuffle=data.shuffle)
+        return cls(loader, dataset(data.val_files, True).prompts if data.val_files else [])
+
+    def summary(self) -> str:
+        dataset = self.loader.dataset
+        return (
+            f"{len(self.loader)} per epoch; {len(dataset)} prompts ({dataset.num_filtered} overlong filtered), "
+            f"{len(self.validation)} validation prompts"
+        )

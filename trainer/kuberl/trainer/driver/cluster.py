@@ -17,7 +17,7 @@ from kuberl.api.contract import ENV_RAY_AUTH_MODE, ENV_RAY_AUTH_TOKEN
 from kuberl.trainer.data.prompts import Prompt
 from kuberl.trainer.plan.execution import ExecutionPlan, plan_execution, trainer_gpu
 from kuberl.trainer.plan.layout import RolloutLayout, rollout_pool_labelled
-from kuberl.trainer.rollout import Rollout
+from kuberl.trainer.rollout.engine_group import EngineGroup
 
 if TYPE_CHECKING:
     from kuberl.trainer.rollout.agent import AgentLoop
@@ -48,7 +48,7 @@ class Cluster:
         self.actor: WorkerGroup
         self.critic: WorkerGroup | None = None
         self.reward_model: WorkerGroup | None = None
-        self.rollout: Rollout | None = None
+        self.rollout: EngineGroup | None = None
         """The separate engines (an EngineGroup); None when each trainer rank holds a colocated engine."""
         self.agent: AgentLoop | None = None
         """The multi-turn loop (rollout.agent); None for single-turn rollouts."""
@@ -151,7 +151,7 @@ class Cluster:
         }
         self.actor = WorkerGroup(ActorWorker, role="actor", **common)
         self.groups = [self.actor]
-        info = self.actor.all("init_model", total_steps)[0]
+        info = self.actor.call("init_model", total_steps)[0]
         self.pad_id = info["pad_id"]
         self.eos_ids = info["eos_ids"]
         self.params = (info["params"], info["trainable_params"])
@@ -165,7 +165,7 @@ class Cluster:
         if self.plan.uses_critic:
             self.critic = WorkerGroup(CriticWorker, role="critic", **common)
             self.groups.append(self.critic)
-            self.critic.all("init_model", total_steps)
+            self.critic.call("init_model", total_steps)
         if spec.reward.model:
             self.reward_model = WorkerGroup(RewardModelWorker, role="reward_model", **common)
             self.groups.append(self.reward_model)
@@ -177,7 +177,6 @@ class Cluster:
         import ray
 
         from kuberl.trainer.plan.layout import engine_actor_options
-        from kuberl.trainer.rollout.engine_group import EngineGroup
         from kuberl.trainer.workers.base import FRACTION
 
         options = [
@@ -219,8 +218,8 @@ class Cluster:
         group = None
         if layout.transport == "nccl":
             group = ray.get(self.actor.workers[0].broadcast_group.remote([layout.gpus_per_engine] * layout.engines))
-        self.actor.all("connect_rollout", rollout.engines, layout.transport, group)
-        self.actor.all("sync_weights", 0)
+        self.actor.call("connect_rollout", rollout.engines, layout.transport, group)
+        self.actor.call("sync_weights", 0)
         devices = f"{layout.gpus_per_engine} GPU(s)" if layout.gpus_per_engine else "CPU"
         self.write(
             f"rollout: {layout.engines} separate {name} engine(s) of {devices}, {layout.kind} layout, "
@@ -249,6 +248,10 @@ class Cluster:
         )
         return loop
 
+    def checkpointed_roles(self) -> list[tuple[str, WorkerGroup]]:
+        """The worker groups whose state a checkpoint holds, by folder name."""
+        return [("actor", self.actor)] + ([("critic", self.critic)] if self.critic is not None else [])
+
     def load_model_config(self) -> Any:
         """The policy's transformers config, for its FLOPs per token."""
         from kuberl.trainer.model.loading import TINY_SCHEME, parse_tiny, resolve, tiny_config
@@ -261,7 +264,7 @@ class Cluster:
         return AutoConfig.from_pretrained(source)
 
     def device_stats(self) -> list[dict[str, float]] | None:
-        return self.actor.all("device_stats") if self.spec.cluster.device == "cuda" else None
+        return self.actor.call("device_stats") if self.spec.cluster.device == "cuda" else None
 
     def peak_flops(self) -> float | None:
         """Peak FLOP/s of one device, or None when unknown (CPU without KUBERL_PEAK_FLOPS): no MFU then."""
@@ -270,7 +273,7 @@ class Cluster:
         if self.spec.cluster.device != "cuda":
             return None
         if self.gpu_name is None:
-            self.gpu_name = self.actor.all("device_name")[0]
+            self.gpu_name = self.actor.call("device_name")[0]
         return next((v for k, v in PEAK_FLOPS.items() if k in self.gpu_name), None)
 
     def shutdown(self, *, pod_stopping: bool) -> None:

@@ -1,2 +1,2 @@
-"""A step's batch before the update: generation, scoring and dynamic sampling (:mod:`.collect`), the next batch
-generated during the update (:mod:`.overlap`), and the step's metrics."""
+"""The experience stage: a batch of prompts in, a typed :class:`~kuberl.trainer.experience.batch.Experience` out
+(generation, scoring, the reference and critic passes, advantages)."""

@@ -1,21 +1,17 @@
-"""The metrics of one training step, as verl names them: pure functions of the step's rows, timings and the
-workers' update sums (the driver's loop only collects them)."""
+"""The metrics of one training step, as verl names them: pure functions of the step's experience and timings (the
+driver's loop only collects them)."""
 
 from __future__ import annotations
 
 from torch import Tensor
 
 from kuberl.trainer.algorithms.losses import masked_mean, rollout_is_metrics
-from kuberl.trainer.model.microbatch import Rows
+from kuberl.trainer.experience.batch import Experience
 from kuberl.trainer.observe.metrics import Timer
 
 
 def data_metrics(
-    rows: Rows,
-    scores: Tensor,
-    token_rewards: Tensor,
-    entropy: Tensor | None,
-    extra: dict[str, float],
+    exp: Experience,
     *,
     max_response_length: int,
     kl_coef: float | None,
@@ -24,10 +20,11 @@ def data_metrics(
     """verl's data metrics of one step: scores, rewards, advantages, returns, values, lengths, rollout numerics.
     ``kl_coef``: the KL coefficient in use (loss or reward), None without KL. ``rollout_is_threshold``: the cap of
     the rollout importance weights (``algorithm.rolloutCorrection``), None when the correction is off."""
-    mask = rows["response_mask"].float()
+    scores, entropy = exp.scores, exp.entropy
+    mask = exp.response_mask.float()
     resp_len = mask.sum(-1)
-    prompt_len = rows["prompt_mask"].float().sum(-1)
-    seq_rewards = (token_rewards * mask).sum(-1)
+    prompt_len = exp.prompt_mask.float().sum(-1)
+    seq_rewards = (exp.token_rewards * mask).sum(-1)
     m = {
         "critic/score/mean": scores.mean().item(),
         "critic/score/max": scores.max().item(),
@@ -35,10 +32,10 @@ def data_metrics(
         "critic/rewards/mean": seq_rewards.mean().item(),
         "critic/rewards/max": seq_rewards.max().item(),
         "critic/rewards/min": seq_rewards.min().item(),
-        "critic/advantages/mean": masked_mean(rows["advantages"], mask).item(),
-        "critic/advantages/max": rows["advantages"][mask.bool()].max().item(),
-        "critic/advantages/min": rows["advantages"][mask.bool()].min().item(),
-        "critic/returns/mean": masked_mean(rows["returns"], mask).item(),
+        "critic/advantages/mean": masked_mean(exp.advantages, mask).item(),
+        "critic/advantages/max": exp.advantages[mask.bool()].max().item(),
+        "critic/advantages/min": exp.advantages[mask.bool()].min().item(),
+        "critic/returns/mean": masked_mean(exp.returns, mask).item(),
         "response_length/mean": resp_len.mean().item(),
         "response_length/max": resp_len.max().item(),
         "response_length/min": resp_len.min().item(),
@@ -49,27 +46,27 @@ def data_metrics(
     }
     if entropy is not None:
         m["actor/entropy"] = masked_mean(entropy, mask).item()
-    if "values" in rows:
-        values, returns = rows["values"], rows["returns"]
+    if exp.values is not None:
+        values, returns = exp.values, exp.returns
         m["critic/values/mean"] = masked_mean(values, mask).item()
         var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
         diff = returns - values
         var_diff = masked_mean((diff - masked_mean(diff, mask)) ** 2, mask)
         m["critic/vf_explained_var"] = (1 - var_diff / (var_returns + 1e-8)).item()
-    if "rollout_log_probs" in rows:  # verl's check of rollout vs. trainer numerics (should stay < 0.005)
-        diff = (rows["old_log_probs"].exp() - rows["rollout_log_probs"].exp()).abs()
+    if exp.rollout_log_probs is not None:  # verl's check of rollout vs. trainer numerics (should stay < 0.005)
+        assert exp.old_log_probs is not None, "read back from the update when not computed before it"
+        diff = (exp.old_log_probs.exp() - exp.rollout_log_probs.exp()).abs()
         m["training/rollout_probs_diff_mean"] = masked_mean(diff, mask).item()
         m["training/rollout_probs_diff_max"] = diff[mask.bool()].max().item()
         if rollout_is_threshold is not None:  # the weights the update applied: the same old and rollout log-probs
-            m.update(rollout_is_metrics(rows["old_log_probs"], rows["rollout_log_probs"], mask, rollout_is_threshold))
+            m.update(rollout_is_metrics(exp.old_log_probs, exp.rollout_log_probs, mask, rollout_is_threshold))
     if kl_coef is not None:
         m["actor/kl_coef"] = kl_coef
-    m.update(extra)
     return m
 
 
 def perf_metrics(
-    rows: Rows,
+    tokens: float,
     timer: Timer,
     *,
     ranks: int,
@@ -81,7 +78,6 @@ def perf_metrics(
     """Throughput, MFU of the actor update (when ``peak_flops`` is known) and per-GPU memory and utilisation."""
     import psutil
 
-    tokens = float(rows["response_mask"].sum() + rows["prompt_mask"].sum())
     step_time = timer.seconds["step"]
     m = {
         "perf/total_num_tokens": tokens,
@@ -107,33 +103,12 @@ def perf_metrics(
     return m
 
 
-def staleness_metrics(rows: Rows, *, policy_version: int) -> dict[str, float]:
+def staleness_metrics(weight_version: Tensor | None, *, policy_version: int) -> dict[str, float]:
     """How far behind the policy that trains on the rows their generating weights are: ``rollout/staleness`` is
     ``policy_version`` (the step whose weights the update starts from) less the oldest ``weight_version`` the
     engines stamped on the rows; 0 synchronous, 1 one-step-off-policy. Empty for rows without stamps (the agent
     loop's)."""
-    if "weight_version" not in rows:
+    if weight_version is None:
         return {}
-    oldest = int(rows["weight_version"].min())
+    oldest = int(weight_version.min())
     return {"rollout/weight_version": float(oldest), "rollout/staleness": float(policy_version - oldest)}
-
-
-def reduce_update_metrics(results: list[dict[str, float]], role: str) -> dict[str, float]:
-    """Per-rank sums → verl's metrics: losses are sums of global shares (summed over ranks, averaged over
-    optimizer steps); fractions are token-weighted."""
-    total = {k: sum(r.get(k, 0.0) for r in results) for k in results[0]}
-    updates = max(1.0, results[0]["updates"])
-    tokens = max(1.0, total["tokens"])
-    out = {f"{role}/grad_norm": results[0]["grad_norm"], f"{role}/lr": results[0]["lr"]}
-    out[f"{role}/skipped_steps"] = results[0].get("skipped_steps", 0.0)  # the same on every rank
-    if role == "actor":
-        out["actor/pg_loss"] = total["pg_loss"] / updates
-        for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
-            out[f"actor/{key}"] = total[key] / tokens
-        if "kl_loss" in total:
-            out["actor/kl_loss"] = total["kl_loss"] / updates
-        out["actor/micro_batches"] = results[0]["micro_batches"] / updates
-    else:
-        out["critic/vf_loss"] = total["vf_loss"] / updates
-        out["critic/vf_clipfrac"] = total["vf_clipfrac"] / tokens
-    return out

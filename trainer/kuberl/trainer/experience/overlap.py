@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kuberl.trainer.data.prompts import Prompt, PromptLoader
-from kuberl.trainer.experience.collect import Rollouts
+from kuberl.trainer.experience.batch import Scored
 from kuberl.trainer.observe.metrics import Timer
 
 
@@ -46,7 +46,7 @@ class Generated:
     when it ran (``time.monotonic``)."""
 
     drawn: Drawn
-    rollouts: Rollouts
+    scored: Scored
     timer: Timer
     started: float
     finished: float
@@ -55,8 +55,8 @@ class Generated:
 class AheadGeneration:
     """At most one batch generated ahead: :meth:`submit` starts it in the background, :meth:`wait` returns it."""
 
-    def __init__(self, collect: Callable[[list[Prompt], Timer], Rollouts]) -> None:
-        """``collect``: generation and reward of one prompt batch (:func:`kuberl.trainer.experience.collect.collect_batch`)."""
+    def __init__(self, collect: Callable[[list[Prompt], Timer], Scored]) -> None:
+        """``collect``: generation and reward of one prompt batch (:meth:`kuberl.trainer.experience.rounds.Rounds.collect`)."""
         self.collect = collect
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kuberl-generate-ahead")
         self.in_flight: Future[Generated] | None = None
@@ -69,8 +69,8 @@ class AheadGeneration:
     def _generate(self, drawn: Drawn) -> Generated:
         timer = Timer()
         started = time.monotonic()
-        rollouts = self.collect(drawn.prompts, timer)
-        return Generated(drawn, rollouts, timer, started, time.monotonic())
+        scored = self.collect(drawn.prompts, timer)
+        return Generated(drawn, scored, timer, started, time.monotonic())
 
     @property
     def busy(self) -> bool:

@@ -52,6 +52,22 @@ class EngineArgs:
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """How a generation samples: ``temperature`` 0 is greedy, ``top_k`` −1 disables top-k; ``stop``: strings
+    after which an engine may end a response early (the agent loop's tool-call end)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
+    stop: tuple[str, ...] = ()
+
+    def kwargs(self) -> dict[str, Any]:
+        """As the keyword arguments of :meth:`kuberl.trainer.rollout.base.Rollout.generate`."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class ExecutionPlan:
     batch: BatchPlan
     actor_update: MicroBatching
@@ -69,6 +85,16 @@ class ExecutionPlan:
     """A frozen reference policy is needed (KL in the reward or in the loss)."""
     uses_critic: bool
     """A value model is trained (the gae estimator)."""
+    train_sampling: Sampling
+    """rollout.temperature, topP, topK; data.maxResponseLength new tokens."""
+    val_sampling: Sampling
+    """rollout.val's sampling (greedy unless rollout.val.doSample)."""
+    actor_update_fields: tuple[str, ...]
+    """The :class:`~kuberl.trainer.experience.batch.Experience` fields the actor's update reads besides the rows:
+    advantages, the old log-probs (unless from the update), the reference's (KL loss), the engine's (rollout
+    correction)."""
+    critic_update_fields: tuple[str, ...]
+    """What the critic's update reads besides the rows: the old values and the returns."""
     old_log_probs_from_update: bool
     """Each batch meets the policy exactly once (one mini-batch, one epoch) and nothing before the update reads the
     old log-probs (no KL in the reward): they are then the update's own forward, detached (the ratio is 1 by
@@ -91,6 +117,9 @@ def plan_execution(
         critic_size = own or batch.micro_batch_size_per_gpu
     forward_size = None if dynamic.enabled else spec.batch.log_prob_micro_batch_size_per_gpu
     r = spec.rollout
+    algo = spec.algorithm
+    old_log_probs_from_update = batch.optimizer_steps_per_step == 1 and not algo.kl.in_reward
+    sample_val = r.val.do_sample
     engine = None
     if r.engine == "vllm":
         engine = EngineArgs(
@@ -113,9 +142,23 @@ def plan_execution(
         critic_forward=MicroBatching(forward_size or critic_size, tokens),
         rollout=layout,
         engine=engine,
-        uses_reference=spec.algorithm.kl.in_reward or spec.algorithm.kl.loss.enabled,
-        uses_critic=spec.algorithm.advantage_estimator == "gae",
-        old_log_probs_from_update=batch.optimizer_steps_per_step == 1 and not spec.algorithm.kl.in_reward,
+        uses_reference=algo.kl.in_reward or algo.kl.loss.enabled,
+        uses_critic=algo.advantage_estimator == "gae",
+        train_sampling=Sampling(r.temperature, r.top_p, r.top_k, spec.data.max_response_length),
+        val_sampling=Sampling(
+            r.val.temperature if sample_val else 0.0,
+            r.val.top_p if sample_val else 1.0,
+            r.top_k,
+            spec.data.max_response_length,
+        ),
+        actor_update_fields=(
+            "advantages",
+            *(() if old_log_probs_from_update else ("old_log_probs",)),
+            *(("ref_log_probs",) if algo.kl.loss.enabled else ()),
+            *(("rollout_log_probs",) if algo.rollout_correction.enabled else ()),
+        ),
+        critic_update_fields=("values", "returns"),
+        old_log_probs_from_update=old_log_probs_from_update,
     )
 
 

@@ -18,6 +18,7 @@ from kuberl.trainer.model.microbatch import (
     trim,
 )
 from kuberl.trainer.workers.base import DistributedWorker, MicroLoss, _as_list, device_stats, load_trainer_model
+from kuberl.trainer.workers.dispatch import Dispatch, dispatch
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -146,6 +147,7 @@ class ActorWorker(DistributedWorker):
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    @dispatch(Dispatch.PROMPTS)
     def generate(self, prompts: list[list[int]], n: int, sampling: dict[str, Any]) -> dict[str, Tensor]:
         if self.rollout is None:
             raise RuntimeError("this rank holds no rollout engine (rollout.placement separate): the driver generates")
@@ -175,11 +177,13 @@ class ActorWorker(DistributedWorker):
             compiled=self.compiles,
         )
 
+    @dispatch(Dispatch.ROWS)
     def compute_log_probs(self, rows: Rows) -> dict[str, Tensor]:
         """Old log-probs and entropy of the current policy, ``(B, R)`` each."""
         self.model.eval()
         return self.forward_only(rows, lambda mb: self._log_probs(self.model, mb, True), self.plan.log_prob)
 
+    @dispatch(Dispatch.ROWS)
     def compute_ref_log_probs(self, rows: Rows) -> dict[str, Tensor]:
         if self.ref is not None:
             fn = lambda mb: self._log_probs(self.ref, mb, False)  # noqa: E731
@@ -195,6 +199,7 @@ class ActorWorker(DistributedWorker):
 
     # --- update ---
 
+    @dispatch(Dispatch.MINI_BATCH)
     def update(self, mini_batches: list[Rows], totals: list[dict[str, float]]) -> dict[str, float]:
         actor = self.spec.actor
         return self.train(

@@ -309,3 +309,24 @@ def device_stats(device: torch.device) -> dict[str, float]:
 
 
 # --- groups ----------------------------------------------------------------------------------------------------
+
+
+def reduce_update_metrics(results: list[dict[str, float]], role: str) -> dict[str, float]:
+    """Per-rank sums → verl's metrics: losses are sums of global shares (summed over ranks, averaged over
+    optimizer steps); fractions are token-weighted."""
+    total = {k: sum(r.get(k, 0.0) for r in results) for k in results[0]}
+    updates = max(1.0, results[0]["updates"])
+    tokens = max(1.0, total["tokens"])
+    out = {f"{role}/grad_norm": results[0]["grad_norm"], f"{role}/lr": results[0]["lr"]}
+    out[f"{role}/skipped_steps"] = results[0].get("skipped_steps", 0.0)  # the same on every rank
+    if role == "actor":
+        out["actor/pg_loss"] = total["pg_loss"] / updates
+        for key in ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"):
+            out[f"actor/{key}"] = total[key] / tokens
+        if "kl_loss" in total:
+            out["actor/kl_loss"] = total["kl_loss"] / updates
+        out["actor/micro_batches"] = results[0]["micro_batches"] / updates
+    else:
+        out["critic/vf_loss"] = total["vf_loss"] / updates
+        out["critic/vf_clipfrac"] = total["vf_clipfrac"] / tokens
+    return out

@@ -17,6 +17,7 @@ from kuberl.trainer.model.microbatch import (
     trim,
 )
 from kuberl.trainer.workers.base import DistributedWorker, MicroLoss, load_trainer_model
+from kuberl.trainer.workers.dispatch import Dispatch, dispatch
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -72,10 +73,12 @@ class CriticWorker(DistributedWorker):
         values: Tensor = self.model(packed.input_ids, packed.position_ids, **packed.attention_kwargs())
         return packed.unpack(values[0, packed.predictors].float())
 
+    @dispatch(Dispatch.ROWS)
     def compute_values(self, rows: Rows) -> dict[str, Tensor]:
         self.model.eval()
         return self.forward_only(rows, lambda mb: {"values": self._values(mb)}, self.plan.critic_forward)
 
+    @dispatch(Dispatch.MINI_BATCH)
     def update(self, mini_batches: list[Rows], totals: list[dict[str, float]]) -> dict[str, float]:
         return self.train(
             mini_batches,

@@ -13,7 +13,10 @@ from typing import Any
 
 from kuberl.api.spec import RLJobSpec
 from kuberl.trainer.plan.execution import ExecutionPlan, plan_execution
-from kuberl.trainer.workers.base import FRACTION
+from kuberl.trainer.workers.dispatch import collect, mode_of, split
+
+FRACTION = {"actor": 0.4, "critic": 0.25, "reward_model": 0.15, "rollout": 0.2}
+"""Share of a rank's bundle each role's actor requests; Ray only needs them to fit in one bundle together."""
 
 
 class WorkerGroup:
@@ -42,6 +45,7 @@ class WorkerGroup:
         gpu = spec.cluster.device == "cuda"
         spec_json = spec.model_dump_json()
         self.role = role
+        self.cls = cls
         self.workers: list[Any] = [  # Ray actor handles
             remote.options(
                 num_cpus=share,
@@ -57,18 +61,19 @@ class WorkerGroup:
     def __len__(self) -> int:
         return len(self.workers)
 
-    def all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Call ``method`` with the same arguments on every rank and wait for all."""
+    def call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        """Call ``method`` on the ranks, split and collected as the method's dispatch mode says
+        (:mod:`kuberl.trainer.workers.dispatch`); Ray's GetTimeoutError after ``timeout`` seconds."""
+        mode = mode_of(self.cls, method)
+        return collect(mode, self.each(method, split(mode, len(self.workers), args), timeout=timeout))
+
+    def each(self, method: str, per_rank: list[tuple[Any, ...] | None], timeout: float | None = None) -> list[Any]:
+        """Call ``method`` on rank ``r`` with ``per_rank[r]`` as arguments (not at all where it is None)."""
         import ray
 
-        return ray.get([getattr(w, method).remote(*args, **kwargs) for w in self.workers])
-
-    def each(self, method: str, per_rank: list[tuple[Any, ...]], timeout: float | None = None) -> list[Any]:
-        """Call ``method`` on rank ``r`` with ``per_rank[r]`` as arguments; Ray's GetTimeoutError after ``timeout``
-        seconds."""
-        import ray
-
-        calls = [getattr(w, method).remote(*args) for w, args in zip(self.workers, per_rank, strict=True)]
+        calls = [
+            getattr(w, method).remote(*args) for w, args in zip(self.workers, per_rank, strict=True) if args is not None
+        ]
         return ray.get(calls, timeout=timeout)
 
     def kill(self) -> None:

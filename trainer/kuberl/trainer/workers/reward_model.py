@@ -9,6 +9,7 @@ import torch
 from kuberl.api.spec import RLJobSpec
 from kuberl.trainer.model import fsdp
 from kuberl.trainer.plan.execution import ExecutionPlan
+from kuberl.trainer.workers.dispatch import Dispatch, dispatch
 
 if TYPE_CHECKING:
     pass
@@ -40,5 +41,6 @@ class RewardModelWorker:
     def rendezvous(self) -> tuple[str, int]:
         return "", 0
 
+    @dispatch(Dispatch.ITEMS)
     def score(self, texts: list[str]) -> list[float]:
         return self.scorer.score(texts)
