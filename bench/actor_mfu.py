@@ -504,13 +504,15 @@ def main() -> int:
 
     from kuberl.trainer.model import fsdp
     from kuberl.trainer.plan.execution import plan_execution
+    from kuberl.trainer.plan.layout import ClusterFacts
     from kuberl.trainer.rollout.weight_sync import free_port
     from kuberl.trainer.workers.actor import ActorWorker
 
     first = job_spec(
         args.models[0], args, micro_batch=args.micro_batch[0], gradient_checkpointing=False, compile_layers=False
     )
-    worker = ActorWorker(first.model_dump_json(), 0, 1, torch.get_num_threads(), plan_execution(first))  # device, seeds
+    facts = ClusterFacts(local_cpus=torch.get_num_threads())
+    worker = ActorWorker(first, plan_execution(first, facts), 0)  # device, seeds
     worker.init_distributed("127.0.0.1", free_port())
     cuda = worker.device.type == "cuda"
     algo = first.algorithm

@@ -526,17 +526,18 @@ def kuberl_plan(spec_doc: dict[str, Any], card: str | None) -> dict[str, Any] | 
     beside the measured peak; None off a GPU or on a card the plan does not know."""
     if card is None:
         return None
+    from kuberl.api.batching import plan_batches
     from kuberl.api.memory import gpu_named, plan_memory
     from kuberl.api.validation import parse_spec
     from kuberl.trainer.model.shape import model_shape
-    from kuberl.trainer.plan.layout import plan_rollout_layout
+    from kuberl.trainer.plan.layout import ClusterFacts, plan_rollout_layout
 
     spec = parse_spec(spec_doc["spec"])
     try:
         gpu = gpu_named(card)
     except ValueError as exc:
         return {"error": str(exc)}
-    layout = plan_rollout_layout(spec, cluster_gpus=1, rollout_pool_labelled=False).kind
+    layout = plan_rollout_layout(spec, plan_batches(spec), ClusterFacts(gpus=1)).kind
     plan = plan_memory(spec, model_shape(spec.model.path), gpu, layout=layout)
     return {
         "gpu": plan.gpu,

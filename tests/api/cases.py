@@ -228,28 +228,36 @@ INVALID_CASES: list[InvalidCase] = [
     _case(
         "hf-engine-separate",
         "spec.rollout.engine",
-        "hf-engine-placement",
+        "engine-placement",
         _all(
             _set("spec.rollout.engine", "hf"),
             _set("spec.rollout.placement", "separate"),
             _set("spec.cluster.rollout", {"nodes": 1, "gpusPerNode": 8}),
         ),
-        "rollout.placement separate only on cluster.device cpu",
+        "cannot run separate on cluster.device cuda; engines that can: vllm",
     ),
     _case(
         "vllm-on-cpu",
         "spec.rollout.engine",
-        "vllm-needs-cuda",
+        "engine-runs-on-device",
         _set("spec.cluster.device", "cpu"),
-        "needs cluster.device cuda",
+        "does not run on cluster.device cpu; engines that do: hf",
+    ),
+    _case(
+        "hf-tensor-parallel",
+        "spec.rollout.tensorParallelSize",
+        "engine-tensor-parallel",
+        _all(_set("spec.rollout.engine", "hf"), _set("spec.rollout.tensorParallelSize", 2)),
+        "rollout.engine hf runs one unsharded copy of the policy per engine; use 1, or an engine that shards it over "
+        "GPUs: vllm",
     ),
     _case("top-k-zero", "spec.rollout.topK", "top-k-valid", _set("spec.rollout.topK", 0), "topK = 0"),
     _case(
         "lora-rank-over-vllm-limit",
         "spec.model.lora.rank",
-        "lora-rank-fits-vllm",
+        "lora-rank-fits-engine",
         _set("spec.model.lora", {"rank": 1024}),
-        "exceeds vLLM's largest LoRA rank",
+        "exceeds the largest LoRA rank rollout.engine vllm takes, 512",
     ),
     _case(
         "reward-model-too-short",

@@ -12,6 +12,7 @@ import torch
 
 from kuberl.api.spec import RLJobSpec
 from kuberl.trainer.plan.execution import plan_execution
+from kuberl.trainer.plan.layout import ClusterFacts
 from kuberl.trainer.rollout.weight_sync import free_port
 from kuberl.trainer.workers.actor import ActorWorker
 from kuberl.trainer.workers.base import load_trainer_model
@@ -61,7 +62,7 @@ def synchronizing_calls(fn: Callable[[], object]) -> list[str]:
 @pytest.mark.parametrize("compile_layers", [False, True], ids=["eager", "compiled"])
 def test_update_waits_for_the_gpu_as_often_in_four_micro_batches_as_in_one(compile_layers: bool, record) -> None:
     first = job_spec(ROWS, compile_layers)
-    worker = ActorWorker(first.model_dump_json(), 0, 1, 4, plan_execution(first))
+    worker = ActorWorker(first, plan_execution(first, ClusterFacts(gpus=1, local_cpus=4)), 0)
     worker.init_distributed("127.0.0.1", free_port())
     try:
         worker.build_policy(load_trainer_model(TINY), total_steps=8)

@@ -116,7 +116,7 @@ def ppo_rows(vocab: int) -> Rows:
 @contextmanager
 def worker_for(role: str) -> Iterator[ActorWorker | CriticWorker]:
     spec = job_spec(ROWS)
-    worker = {"actor": ActorWorker, "critic": CriticWorker}[role](spec.model_dump_json(), 0, 1, 1, plan_execution(spec))
+    worker = {"actor": ActorWorker, "critic": CriticWorker}[role](spec, plan_execution(spec), 0)
     worker.init_distributed("127.0.0.1", free_port())
     try:
         if isinstance(worker, ActorWorker):

@@ -13,6 +13,7 @@ from kuberl.api import RLJobSpec
 from kuberl.api.memory import GPU_PRODUCT_LABEL
 from kuberl.cli import main
 from kuberl.trainer.model.shape import config_shape, model_shape
+from kuberl.trainer.plan.layout import ClusterFacts
 from tests.api.cases import BASE
 
 TINY = "tiny://llama?hidden=64&layers=2&heads=4&kv_heads=2"
@@ -110,7 +111,7 @@ def test_the_run_takes_the_token_budget_its_plan_chooses_for_the_gpu(tmp_path: P
 
     spec = _dynamic(tmp_path, enabled=True)
     chosen = plan_memory(spec, config_shape(QWEN2_5_0_5B), gpu_named("H100-80GB")).token_budget
-    plan = plan_execution(spec, cluster_gpus=1, gpu=gpu_named("H100-80GB"))
+    plan = plan_execution(spec, ClusterFacts(gpus=1, gpu=gpu_named("H100-80GB")))
     assert chosen is not None and plan.actor_update.max_tokens == plan.log_prob.max_tokens == chosen
     assert plan_execution(spec).actor_update.max_tokens == 16384  # no GPU known
 
@@ -122,5 +123,5 @@ def test_a_run_whose_plan_does_not_fit_its_gpu_is_refused_with_the_plan(tmp_path
 
     spec = _dynamic(tmp_path, enabled=True, maxTokenLenPerGPU=262144)
     with pytest.raises(PlacementError, match=r"does not fit one H100-80GB .*maxTokenLenPerGPU: \d+ fits") as refused:
-        plan_execution(spec, cluster_gpus=1, gpu=gpu_named("H100-80GB"))
+        plan_execution(spec, ClusterFacts(gpus=1, gpu=gpu_named("H100-80GB")))
     assert "phase: train" in str(refused.value)

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from kuberl.trainer.model.loading import load_causal_lm, load_tokenizer
-from kuberl.trainer.rollout import RolloutBatch, make_rollout
-from kuberl.trainer.rollout.base import left_pad, response_mask_from_eos
+from kuberl.trainer.rollout.base import RolloutBatch, left_pad, response_mask_from_eos
+from kuberl.trainer.rollout.hf import HFRollout
+from kuberl.trainer.rollout.registry import engine
 
 TINY = "tiny://llama?hidden=32&layers=1&heads=2&kv_heads=1&seed=0"
 
@@ -18,7 +19,7 @@ def tokenizer():
 @pytest.fixture()
 def rollout(tokenizer):
     model = load_causal_lm(TINY, torch.float32)
-    return make_rollout("hf", model=model, pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id])
+    return HFRollout(model, pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id])
 
 
 def prompt_ids(tokenizer, text: str) -> list[int]:
@@ -53,12 +54,12 @@ def test_generate_returns_n_rows_per_prompt_with_matching_shapes(rollout, tokeni
 def test_generation_stops_at_eos_and_pads_after_it(tokenizer):
     model = load_causal_lm(TINY, torch.float32)
     pad = tokenizer.pad_token_id
-    free = make_rollout("hf", model=model, pad_id=pad, eos_ids=[tokenizer.eos_token_id])
+    free = HFRollout(model, pad_id=pad, eos_ids=[tokenizer.eos_token_id])
     prompts = [prompt_ids(tokenizer, "abc")]
     greedy = free.generate(prompts, 1, temperature=0.0, max_new_tokens=6).responses[0].tolist()
     stop = greedy[1]  # declare the second greedy token an eos: generation must end right there
     first = greedy.index(stop)
-    stopping = make_rollout("hf", model=model, pad_id=pad, eos_ids=[stop])
+    stopping = HFRollout(model, pad_id=pad, eos_ids=[stop])
     batch = stopping.generate(prompts, 2, temperature=0.0, max_new_tokens=6)
     assert batch.responses.shape[1] == first + 1
     assert batch.responses[0].tolist() == greedy[: first + 1]
@@ -94,14 +95,14 @@ def test_update_weights_refuses_unknown_names(rollout):
 
 def test_rollout_log_probs_are_returned_when_asked(tokenizer):
     model = load_causal_lm(TINY, torch.float32)
-    roll = make_rollout(
-        "hf", model=model, pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id], calculate_log_probs=True
-    )
+    roll = HFRollout(model, pad_id=tokenizer.pad_token_id, eos_ids=[tokenizer.eos_token_id], calculate_log_probs=True)
     batch = roll.generate([prompt_ids(tokenizer, "q")], 2, temperature=1.0, max_new_tokens=3)
     assert batch.log_probs is not None and batch.log_probs.shape == batch.responses.shape
     assert (batch.log_probs <= 0).all()
 
 
-def test_unknown_engine_is_refused():
-    with pytest.raises(ValueError, match="unknown rollout engine"):
-        make_rollout("sglang")
+def test_an_engine_without_factories_is_refused_by_name():
+    with pytest.raises(
+        ValueError, match="rollout engine 'sglang' has no factories in this process; registered: vllm, hf"
+    ):
+        engine("sglang")

@@ -38,6 +38,8 @@ class Group:
         import ray
         from ray.util.placement_group import placement_group
 
+        from kuberl.trainer.plan.execution import plan_execution
+        from kuberl.trainer.rollout.registry import engine
         from kuberl.trainer.workers.actor import ActorWorker
         from kuberl.trainer.workers.group import WorkerGroup
 
@@ -45,9 +47,9 @@ class Group:
         self.pg = placement_group([{"CPU": 1.0}] * dp)
         ray.get(self.pg.ready())
         self.group = WorkerGroup(
-            ActorWorker, role="actor", spec=spec, placement_group=self.pg, world_size=dp, threads=1
+            ActorWorker, role="actor", spec=spec, plan=plan_execution(spec), placement_group=self.pg
         )
-        self.info = self.group.call("init_model", 10)[0]
+        self.info = self.group.call("init_model", 10, engine(spec.rollout.engine))[0]
 
     def close(self) -> None:
         from ray.util.placement_group import remove_placement_group

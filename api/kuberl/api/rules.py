@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Literal
 
 from kuberl.api.contract import CHECKPOINT_MOUNT, MAX_NAME_LENGTH
+from kuberl.api.engines import ENGINE_SETS, ENGINES, engines_where
 from kuberl.api.spec import AGENT_BUILTIN_TOOLS, NodePool, SpecModel
 from kuberl.api.status import ACTIVE_PHASES
 
@@ -51,9 +51,6 @@ MACROS: dict[str, str] = {
 # far below the annotation and object limits that kopf's bookkeeping and the ConfigMap copy of the spec live under.
 MAX_LITERAL_ENV_BYTES = 16384
 
-# vLLM's largest supported LoRA rank (its max_lora_rank choices end at 512).
-VLLM_MAX_LORA_RANK = 512
-
 # The checks of verl's that rules mirror (`Rule.verl` names one), with where verl makes them. B: data.train_batch_size,
 # n: rollout.n, M: ppo_mini_batch_size, m: ppo_micro_batch_size_per_gpu, G: GPUs, dp: data-parallel ranks.
 VERL_CHECKS: dict[str, str] = {
@@ -83,11 +80,12 @@ class Rule:
     """The key in VERL_CHECKS of the verl check it mirrors, or "ours"."""
     scope: Literal["spec", "root"] = "spec"
 
-    @cached_property
+    @property
     def cel(self) -> str:
+        """Expanded on every read: the engine macros follow the engine table (kuberl.api.engines)."""
         return expand(self.rule)
 
-    @cached_property
+    @property
     def message_expression(self) -> str:
         return message_to_cel(self.message)
 
@@ -106,12 +104,28 @@ class Rule:
         return f"spec.{self.field}" if self.scope == "spec" else self.field
 
 
-_MACRO = re.compile(r"\b(" + "|".join(MACROS) + r")\b")
+def engine_macros() -> dict[str, str]:
+    """The engine table (kuberl.api.engines) as CEL, as it stands now: each engine set as a list (``ENGINES_ON_CPU``)
+    and as the text of a message (``ENGINES_ON_CPU_NAMES``), and ``LORA_RANK_LIMITS``, a map of the engines that
+    limit LoRA's rank."""
+    out: dict[str, str] = {}
+    for name in ENGINE_SETS:
+        engines = engines_where(name)
+        out[name] = "[" + ", ".join(f"'{e}'" for e in engines) + "]"
+        out[f"{name}_NAMES"] = "'" + (", ".join(engines) or "none") + "'"
+    limits = {name: caps.max_lora_rank for name, caps in ENGINES.items() if caps.max_lora_rank is not None}
+    out["LORA_RANK_LIMITS"] = "{" + ", ".join(f"'{e}': {rank}" for e, rank in limits.items()) + "}"
+    return out
+
+
+_ENGINE_MACROS = [*ENGINE_SETS, *(f"{name}_NAMES" for name in ENGINE_SETS), "LORA_RANK_LIMITS"]
+_MACRO = re.compile(r"\b(" + "|".join([*MACROS, *_ENGINE_MACROS]) + r")\b")
 _TEMPLATE = re.compile(r"\$\{(.+?)\}")
 
 
 def expand(expr: str) -> str:
-    return _MACRO.sub(lambda m: MACROS[m.group(1)], expr)
+    macros = {**MACROS, **engine_macros()}
+    return _MACRO.sub(lambda m: macros[m.group(1)], expr)
 
 
 def message_to_cel(template: str) -> str:
@@ -408,21 +422,48 @@ RULES: tuple[Rule, ...] = (
         "remove cluster.rollout or set rollout.placement: separate'}",
         verl="ours",
     ),
+    # --- what the engine can do (kuberl.api.engines) ---
     Rule(
-        id="hf-engine-placement",
+        id="engine-runs-on-device",
         field="rollout.engine",
-        rule="self.rollout.engine != 'hf' || (self.rollout.tensorParallelSize == 1"
-        " && (self.rollout.placement == 'colocated' || self.cluster.device == 'cpu'))",
-        message="rollout.engine hf runs one unsharded copy of the policy per engine: it needs tensorParallelSize 1, "
-        "and rollout.placement separate only on cluster.device cpu (separate GPU engines are vllm); got "
-        "${self.rollout.placement}, ${self.rollout.tensorParallelSize}, ${self.cluster.device}",
+        rule="self.rollout.engine in (self.cluster.device == 'cuda' ? ENGINES_ON_CUDA : ENGINES_ON_CPU)",
+        message="rollout.engine ${self.rollout.engine} does not run on cluster.device ${self.cluster.device}; engines "
+        "that do: ${self.cluster.device == 'cuda' ? ENGINES_ON_CUDA_NAMES : ENGINES_ON_CPU_NAMES}",
         verl="ours",
     ),
     Rule(
-        id="vllm-needs-cuda",
+        id="engine-placement",
         field="rollout.engine",
-        rule="self.rollout.engine != 'vllm' || self.cluster.device == 'cuda'",
-        message="rollout.engine vllm needs cluster.device cuda; on CPU use rollout.engine hf",
+        rule="self.rollout.placement == 'colocated' ? self.rollout.engine in COLOCATED_ENGINES"
+        " : self.rollout.engine in (self.cluster.device == 'cuda' ? SEPARATE_ENGINES_ON_CUDA : SEPARATE_ENGINES_ON_CPU)",
+        message="rollout.engine ${self.rollout.engine} cannot run ${self.rollout.placement} on cluster.device "
+        "${self.cluster.device}; engines that can: ${self.rollout.placement == 'colocated' ? COLOCATED_ENGINES_NAMES "
+        ": (self.cluster.device == 'cuda' ? SEPARATE_ENGINES_ON_CUDA_NAMES : SEPARATE_ENGINES_ON_CPU_NAMES)}",
+        verl="ours",
+    ),
+    Rule(
+        id="engine-tensor-parallel",
+        field="rollout.tensorParallelSize",
+        rule="self.rollout.tensorParallelSize == 1 || self.rollout.engine in TENSOR_PARALLEL_ENGINES",
+        message="rollout.tensorParallelSize = ${self.rollout.tensorParallelSize} but rollout.engine "
+        "${self.rollout.engine} runs one unsharded copy of the policy per engine; use 1, or an engine that shards "
+        "it over GPUs: ${TENSOR_PARALLEL_ENGINES_NAMES}",
+        verl="ours",
+    ),
+    Rule(
+        id="engine-log-probs",
+        field="rollout.calculateLogProbs",
+        rule="!self.rollout.calculateLogProbs || self.rollout.engine in LOG_PROB_ENGINES",
+        message="rollout.calculateLogProbs is true but rollout.engine ${self.rollout.engine} does not return the "
+        "log-probs of the tokens it samples; engines that do: ${LOG_PROB_ENGINES_NAMES}",
+        verl="ours",
+    ),
+    Rule(
+        id="engine-overlap",
+        field="rollout.overlap",
+        rule="self.rollout.overlap == 'none' || self.rollout.engine in OVERLAP_ENGINES",
+        message="rollout.overlap ${self.rollout.overlap} needs engines that generate while the trainer updates, "
+        "which rollout.engine ${self.rollout.engine} cannot; engines that can: ${OVERLAP_ENGINES_NAMES}",
         verl="ours",
     ),
     Rule(
@@ -433,10 +474,12 @@ RULES: tuple[Rule, ...] = (
         verl="ours",
     ),
     Rule(
-        id="lora-rank-fits-vllm",
+        id="lora-rank-fits-engine",
         field="model.lora.rank",
-        rule=f"!has(self.model.lora) || self.rollout.engine != 'vllm' || self.model.lora.rank <= {VLLM_MAX_LORA_RANK}",
-        message=f"model.lora.rank = ${{self.model.lora.rank}} exceeds vLLM's largest LoRA rank {VLLM_MAX_LORA_RANK}",
+        rule="!has(self.model.lora) || !(self.rollout.engine in LORA_RANK_LIMITS)"
+        " || self.model.lora.rank <= LORA_RANK_LIMITS[self.rollout.engine]",
+        message="model.lora.rank = ${self.model.lora.rank} exceeds the largest LoRA rank rollout.engine "
+        "${self.rollout.engine} takes, ${LORA_RANK_LIMITS[self.rollout.engine]}",
         verl="R15",
     ),
     Rule(

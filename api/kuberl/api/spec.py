@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
+
+from kuberl.api.engines import BUILTIN_ENGINES, check_engine_name
 
 # Kubernetes resource.Quantity, as the apiserver's own regular expression spells it.
 QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
@@ -518,10 +520,15 @@ class Agent(SpecModel):
 
 DEFAULT_MAX_STALENESS = 1  # rollout.maxStaleness under overlap async: no sample older than oneStepOffPolicy's
 MAX_STALENESS = 64  # its bound: far past where per-sample importance weights still correct anything
+EngineName = Annotated[
+    str, AfterValidator(check_engine_name), WithJsonSchema({"enum": list(BUILTIN_ENGINES), "type": "string"})
+]
+"""A rollout engine of kuberl.api.engines: the CRD admits the builtin ones, a process that declared more (a test,
+a plugin) admits those too."""
 
 
 class Rollout(SpecModel):
-    engine: Literal["vllm", "hf"] = Field(
+    engine: EngineName = Field(
         "vllm", description="vllm on GPUs; hf (transformers generate) for CPU runs and debugging."
     )
     placement: Literal["colocated", "separate"] = Field(

@@ -150,11 +150,11 @@ def run(args: argparse.Namespace) -> int:
 def plan(args: argparse.Namespace) -> int:
     import json
 
-    from kuberl.api import InvalidSpec, load_rljob
+    from kuberl.api import InvalidSpec, load_rljob, plan_batches
     from kuberl.api.memory import format_plan, gpu_named, gpu_of, plan_memory
     from kuberl.trainer.model.loading import ModelNotFoundError
     from kuberl.trainer.model.shape import model_shape
-    from kuberl.trainer.plan.layout import PlacementError, plan_rollout_layout
+    from kuberl.trainer.plan.layout import ClusterFacts, PlacementError, plan_rollout_layout
 
     try:
         name, spec = load_rljob(args.file, args.set)
@@ -172,9 +172,7 @@ def plan(args: argparse.Namespace) -> int:
         rollout_gpu = gpu_named(args.gpu) if args.gpu else gpu_of(spec, "rollout")
         shape = model_shape(args.model or spec.model.path)
         layout = (
-            None
-            if args.gpus is None
-            else plan_rollout_layout(spec, cluster_gpus=args.gpus, rollout_pool_labelled=False)
+            None if args.gpus is None else plan_rollout_layout(spec, plan_batches(spec), ClusterFacts(gpus=args.gpus))
         )
     except PlacementError as exc:
         print(f"error: {args.file}: {exc}", file=sys.stderr)

@@ -1,8 +1,9 @@
 """What one run starts on Ray and tears down again: Ray itself (embedded, or joined by address), the trainer ranks'
 placement group, the worker groups (actor, critic, reward model), the separate rollout engines and the agent loop.
 
-The execution plan is decided here, once Ray is up (the rollout layout depends on the cluster's GPUs and labels),
-and every group receives it.
+The order: :meth:`Cluster.start_ray`, then the driver reads :meth:`Cluster.facts` and builds the execution plan
+from them (:func:`~kuberl.trainer.plan.execution.plan_execution`), then :meth:`Cluster.start_workers` starts what
+the plan says, every group and engine receiving the plan.
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kuberl.api import RLJobSpec
+from kuberl.api import RLJobSpec, plan_batches
 from kuberl.api.contract import ENV_RAY_AUTH_MODE, ENV_RAY_AUTH_TOKEN
 from kuberl.trainer.data.prompts import Prompt
-from kuberl.trainer.plan.execution import ExecutionPlan, plan_execution, trainer_gpu
-from kuberl.trainer.plan.layout import RolloutLayout, rollout_pool_labelled
+from kuberl.trainer.experience.metrics import perf_metrics
+from kuberl.trainer.model.loading import model_family_flops_per_token
+from kuberl.trainer.observe.metrics import Timer
+from kuberl.trainer.plan.execution import ExecutionPlan, trainer_gpu
+from kuberl.trainer.plan.layout import ClusterFacts, PlacementError, engine_actor_options, rollout_pool_labelled
 from kuberl.trainer.rollout.engine_group import EngineGroup
+from kuberl.trainer.rollout.registry import EngineContext, engine
 
 if TYPE_CHECKING:
     from kuberl.trainer.rollout.agent import AgentLoop
@@ -27,16 +32,11 @@ PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "H20": 148e12, "A100": 312e12, "L4
 """Dense bf16 peak per GPU by device-name substring, for perf/mfu/actor; KUBERL_PEAK_FLOPS overrides."""
 
 
-def parse_cpu(quantity: str) -> float:
-    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
-
-
 class Cluster:
-    """The run's Ray processes: started by :meth:`start` in dependency order, stopped by :meth:`shutdown`."""
+    """The run's Ray processes: started by :meth:`start_ray` and :meth:`start_workers`, stopped by :meth:`shutdown`."""
 
-    def __init__(self, spec: RLJobSpec, *, ranks: int, address: str | None, write: Callable[[str], None]) -> None:
+    def __init__(self, spec: RLJobSpec, *, address: str | None, write: Callable[[str], None]) -> None:
         self.spec = spec
-        self.ranks = ranks
         self.address = address
         self.write = write
         self.ray_started_here = False
@@ -44,25 +44,21 @@ class Cluster:
         """Every started worker group and the rollout engines, killed at shutdown."""
         self.pg: Any = None
         self.plan: ExecutionPlan
-        """Decided in :meth:`start_workers`, once Ray is up (the rollout layout depends on the cluster)."""
+        """The driver's plan, handed to :meth:`start_workers`."""
         self.actor: WorkerGroup
         self.critic: WorkerGroup | None = None
         self.reward_model: WorkerGroup | None = None
         self.rollout: EngineGroup | None = None
-        """The separate engines (an EngineGroup); None when each trainer rank holds a colocated engine."""
+        """The separate engines; None when each trainer rank holds a colocated engine."""
         self.agent: AgentLoop | None = None
         """The multi-turn loop (rollout.agent); None for single-turn rollouts."""
         self.pad_id: int
         self.params: tuple[int, int]
         """The policy's parameters, and of them the trained ones."""
         self.eos_ids: list[int]
-        self.model_config: Any
+        self.flops_per_token: float
+        """The policy's training FLOPs per token, for perf/mfu/actor."""
         self.gpu_name: str | None = None
-
-    def start(self, *, total_steps: int, tokenizer: Any, agent_prompts: list[Prompt]) -> None:
-        """``agent_prompts``: the train and validation prompts the agent loop's tools may be asked about."""
-        self.start_ray()
-        self.start_workers(total_steps=total_steps, tokenizer=tokenizer, agent_prompts=agent_prompts)
 
     def start_ray(self) -> None:
         import ray
@@ -82,13 +78,36 @@ class Cluster:
             ray.init(
                 address="local",
                 _node_ip_address="127.0.0.1",
-                num_cpus=max(os.cpu_count() or 1, self.ranks),
+                num_cpus=max(os.cpu_count() or 1, plan_batches(self.spec).trainer_gpus),
                 include_dashboard=False,
                 log_to_driver=True,
             )
         self.ray_started_here = True
 
-    def start_workers(self, *, total_steps: int, tokenizer: Any, agent_prompts: list[Prompt]) -> None:
+    def facts(self) -> ClusterFacts:
+        """What the plan needs of the Ray cluster. A local Ray has all the GPUs it will ever have: too few for the
+        trainer fail here rather than wait for a placement."""
+        import ray
+
+        gpus = ray.cluster_resources().get("GPU", 0.0)
+        ranks = plan_batches(self.spec).trainer_gpus
+        if self.spec.cluster.device == "cuda" and not self.address and gpus < ranks:
+            raise PlacementError(
+                f"cluster.trainer asks for {ranks} GPU(s) and this machine has {int(gpus)}; "
+                "without GPUs use cluster.device cpu and rollout.engine hf"
+            )
+        return ClusterFacts(
+            gpus=gpus,
+            rollout_pool_labelled=rollout_pool_labelled(ray.nodes()),
+            joined=bool(self.address),
+            local_cpus=os.cpu_count() or 1,
+            gpu=trainer_gpu(self.spec, local=not self.address),
+        )
+
+    def start_workers(
+        self, plan: ExecutionPlan, *, total_steps: int, tokenizer: Any, agent_prompts: list[Prompt]
+    ) -> None:
+        """``agent_prompts``: the train and validation prompts the agent loop's tools may be asked about."""
         import ray
         from ray.util.placement_group import placement_group
 
@@ -97,61 +116,23 @@ class Cluster:
         from kuberl.trainer.workers.group import WorkerGroup
         from kuberl.trainer.workers.reward_model import RewardModelWorker
 
-        spec = self.spec
-        pool = spec.cluster.trainer
-        if spec.cluster.device == "cuda" and not self.address:
-            from kuberl.trainer.plan.layout import PlacementError
-
-            # a local Ray has all the GPUs it will ever have: fail now rather than wait for a placement
-            gpus = ray.cluster_resources().get("GPU", 0.0)
-            if gpus < self.ranks:
-                raise PlacementError(
-                    f"cluster.trainer asks for {self.ranks} GPU(s) and this machine has {int(gpus)}; "
-                    "without GPUs use cluster.device cpu and rollout.engine hf"
-                )
-        gpu = trainer_gpu(spec, local=not self.address)
-        self.plan = plan_execution(
-            spec,
-            cluster_gpus=ray.cluster_resources().get("GPU", 0.0),
-            rollout_pool_labelled=rollout_pool_labelled(ray.nodes()),
-            gpu=gpu,
-        )
-        budget = self.plan.actor_update.max_tokens
-        if budget is not None and spec.batch.dynamic_batch_size.max_token_len_per_gpu is None:
-            self.write(
-                f"micro-batch token budget {budget}: "
-                + (f"the largest the memory plan fits on {gpu.name}" if gpu else "the GPU is unknown, the default")
-                + " (batch.dynamicBatchSize.maxTokenLenPerGPU left out)"
-            )
-        layout = self.plan.rollout
-        bundle = {"CPU": 1.0, "GPU": 1.0} if spec.cluster.device == "cuda" else {"CPU": 1.0}
-        selector = layout.trainer_label_selector
+        spec, self.plan = self.spec, plan
+        selector = plan.rollout.trainer_label_selector
         self.pg = placement_group(
-            [dict(bundle) for _ in range(self.ranks)],
+            [dict(plan.rank_bundle) for _ in range(plan.ranks)],
             strategy="PACK",
-            bundle_label_selector=[selector] * self.ranks if selector else None,
+            bundle_label_selector=[selector] * plan.ranks if selector else None,
         )
         try:
             ray.get(self.pg.ready(), timeout=600)
         except ray.exceptions.GetTimeoutError:
             raise RuntimeError(
-                f"the Ray cluster cannot place {self.ranks} trainer ranks of {bundle} within 10 minutes; "
+                f"the Ray cluster cannot place {plan.ranks} trainer ranks of {plan.rank_bundle} within 10 minutes; "
                 f"cluster resources: {ray.cluster_resources()}"
             ) from None
-        if self.address:
-            threads = max(1, int(parse_cpu(pool.cpu)) // pool.gpus_per_node)
-        else:
-            threads = max(1, (os.cpu_count() or 1) // self.ranks)
-        common = {
-            "spec": spec,
-            "plan": self.plan,
-            "placement_group": self.pg,
-            "world_size": self.ranks,
-            "threads": threads,
-        }
-        self.actor = WorkerGroup(ActorWorker, role="actor", **common)
+        self.actor = WorkerGroup(ActorWorker, role="actor", spec=spec, plan=plan, placement_group=self.pg)
         self.groups = [self.actor]
-        info = self.actor.call("init_model", total_steps)[0]
+        info = self.actor.call("init_model", total_steps, engine(plan.engine.name))[0]
         self.pad_id = info["pad_id"]
         self.eos_ids = info["eos_ids"]
         self.params = (info["params"], info["trainable_params"])
@@ -160,59 +141,42 @@ class Cluster:
             f"policy {spec.model.path}: {info['params'] / 1e6:.2f}M parameters, "
             f"{info['trainable_params'] / 1e6:.2f}M trained"
         )
-        if layout.separate:
-            self.start_rollout(layout, threads=threads)
-        if self.plan.uses_critic:
-            self.critic = WorkerGroup(CriticWorker, role="critic", **common)
+        if plan.rollout.separate:
+            self.start_rollout()
+        if plan.uses_critic:
+            self.critic = WorkerGroup(CriticWorker, role="critic", spec=spec, plan=plan, placement_group=self.pg)
             self.groups.append(self.critic)
             self.critic.call("init_model", total_steps)
         if spec.reward.model:
-            self.reward_model = WorkerGroup(RewardModelWorker, role="reward_model", **common)
+            self.reward_model = WorkerGroup(
+                RewardModelWorker, role="reward_model", spec=spec, plan=plan, placement_group=self.pg
+            )
             self.groups.append(self.reward_model)
-        self.model_config = self.load_model_config()
+        self.flops_per_token = model_family_flops_per_token(self.load_model_config())
 
-    def start_rollout(self, layout: RolloutLayout, *, threads: int) -> None:
+    def start_rollout(self) -> None:
         """Start the separate engines (vLLM with dummy weights; ``hf`` on CPU from the model's own), connect the
         trainer ranks to them and send the policy's weights once (version 0)."""
         import ray
+        import torch
 
-        from kuberl.trainer.plan.layout import engine_actor_options
-        from kuberl.trainer.workers.base import FRACTION
-
+        plan, layout = self.plan, self.plan.rollout
+        assert layout.transport is not None, "a separate layout names its transport"
         options = [
-            engine_actor_options(layout, i, trainer_placement_group=self.pg, share=FRACTION["rollout"])
+            engine_actor_options(layout, i, trainer_placement_group=self.pg, share=plan.shares.rollout)
             for i in range(layout.engines)
         ]
-        engine = self.plan.engine
-        if engine is None:  # hf on CPU (validation allows nothing else)
-            from kuberl.trainer.rollout.hf import HFEngineActor
-
-            r = self.spec.rollout
-            rollout = EngineGroup.spawn(
-                HFEngineActor,
-                options,
-                self.spec.model.path,
-                pad_id=self.pad_id,
-                eos_ids=self.eos_ids,
-                seed=self.spec.data.seed,
-                threads=threads,
-                calculate_log_probs=r.calculate_log_probs,
-                max_batch_size=r.max_num_seqs,
-            )
-            name = "hf"
-        else:
-            from kuberl.trainer.rollout.vllm import VLLMEngineActor
-
-            rollout = EngineGroup.spawn(
-                VLLMEngineActor,
-                options,
-                engine.model_path,
-                pad_id=self.pad_id,
-                eos_ids=self.eos_ids,
-                weight_transfer=layout.transport,
-                **engine.kwargs(),
-            )
-            name = "vLLM"
+        device = torch.device("cuda" if layout.gpus_per_engine else "cpu")
+        context = EngineContext(pad_id=self.pad_id, eos_ids=self.eos_ids, device=device, threads=plan.threads)
+        separate = engine(plan.engine.name).make_separate(plan.engine, context, layout.transport)
+        rollout = EngineGroup.spawn(
+            separate.actor_class,
+            options,
+            plan.engine.model_path,
+            pad_id=self.pad_id,
+            seed=plan.engine.seed,
+            **separate.kwargs,
+        )
         self.rollout = rollout
         self.groups.append(rollout)
         group = None
@@ -222,8 +186,8 @@ class Cluster:
         self.actor.call("sync_weights", 0)
         devices = f"{layout.gpus_per_engine} GPU(s)" if layout.gpus_per_engine else "CPU"
         self.write(
-            f"rollout: {layout.engines} separate {name} engine(s) of {devices}, {layout.kind} layout, "
-            f"weights by {layout.transport}"
+            f"rollout: {layout.engines} separate {engine(plan.engine.name).title} engine(s) of {devices}, "
+            f"{layout.kind} layout, weights by {layout.transport}"
         )
 
     def start_agent(self, tokenizer: Any, prompts: list[Prompt]) -> AgentLoop | None:
@@ -262,6 +226,18 @@ class Cluster:
         from transformers import AutoConfig
 
         return AutoConfig.from_pretrained(source)
+
+    def perf_metrics(self, tokens: float, timer: Timer) -> dict[str, float]:
+        """A step's throughput, the actor update's MFU and the devices' memory and utilisation."""
+        return perf_metrics(
+            tokens,
+            timer,
+            ranks=self.plan.ranks,
+            flops_per_token=self.flops_per_token,
+            ppo_epochs=self.spec.batch.ppo_epochs,
+            peak_flops=self.peak_flops(),
+            device_stats=self.device_stats(),
+        )
 
     def device_stats(self) -> list[dict[str, float]] | None:
         return self.actor.call("device_stats") if self.spec.cluster.device == "cuda" else None

@@ -24,12 +24,12 @@ from kuberl.trainer.checkpoint.checkpointer import Checkpointer, CheckpointFolde
 from kuberl.trainer.data.prompts import RunPrompts
 from kuberl.trainer.driver.cluster import Cluster
 from kuberl.trainer.experience.batch import Experience
-from kuberl.trainer.experience.metrics import perf_metrics
 from kuberl.trainer.experience.scoring import Scorer
 from kuberl.trainer.experience.stage import ExperienceStage
-from kuberl.trainer.model.loading import load_tokenizer, model_family_flops_per_token
+from kuberl.trainer.model.loading import load_tokenizer
 from kuberl.trainer.observe.metrics import Timer
 from kuberl.trainer.observe.reporting import Reporting, write
+from kuberl.trainer.plan.execution import plan_execution, token_budget_line
 from kuberl.trainer.workers.base import reduce_update_metrics
 from kuberl.trainer.workers.group import WorkerGroup
 
@@ -60,7 +60,7 @@ class Trainer:
         self.stop_requested = False
         self.stop_code = 0
         """EXIT_INTERRUPTED or EXIT_STOPPED once a stop signal arrived."""
-        self.cluster = Cluster(spec, ranks=plan_batches(spec).trainer_gpus, address=address, write=write)
+        self.cluster = Cluster(spec, address=address, write=write)
         self.experience: ExperienceStage
         self.reporting: Reporting
         self.checkpoints: Checkpointer
@@ -74,7 +74,7 @@ class Trainer:
         self.prompts = RunPrompts.load(spec.data, tokenizer, batch_size=spec.batch.train_batch_size)
         loader = self.prompts.loader
         self.total_steps = self.steps_override or spec.trainer.total_steps or spec.trainer.total_epochs * len(loader)
-        p = plan_batches(spec)
+        p = plan_batches(spec)  # what the spec alone decides; the execution plan adds the cluster's part below
         write(
             f"RLJob {self.name}: {p.trainer_gpus} {spec.cluster.device} trainer rank(s), "
             f"{p.responses_per_step} responses/step, {p.optimizer_steps_per_step} optimizer step(s)/step, "
@@ -86,16 +86,21 @@ class Trainer:
         self.folder.take()  # before Ray starts: a folder this run cannot own or write fails at once
         self.scorer = Scorer(spec, tokenizer=tokenizer)  # a reward function that does not load fails before Ray starts
         cluster = self.cluster
-        cluster.start(
+        cluster.start_ray()
+        facts = cluster.facts()
+        self.plan = plan_execution(spec, facts)  # every derived decision, before any worker starts
+        if (budget := token_budget_line(spec, self.plan, facts.gpu)) is not None:
+            write(budget)
+        cluster.start_workers(
+            self.plan,
             total_steps=self.total_steps,
             tokenizer=tokenizer,
             agent_prompts=[*loader.dataset.prompts, *self.prompts.validation],
         )
         self.scorer.connect(agent=cluster.agent, reward_model=cluster.reward_model)
-        self.plan = cluster.plan
         self.experience = ExperienceStage(
             spec,
-            cluster.plan,
+            self.plan,
             loader=loader,
             scorer=self.scorer,
             actor=cluster.actor,
@@ -104,7 +109,6 @@ class Trainer:
             agent=cluster.agent,
             pad_id=cluster.pad_id,
         )
-        self.flops_per_token = model_family_flops_per_token(cluster.model_config)
         self.reporting = Reporting(
             spec, rljob=self.name, namespace=self.namespace, run_dir=self.run_dir, total_steps=self.total_steps
         )
@@ -112,7 +116,7 @@ class Trainer:
             spec,
             folder=self.folder,
             roles=cluster.checkpointed_roles(),
-            ranks=cluster.ranks,
+            ranks=self.plan.ranks,
             params=cluster.params,
             loader=loader,
             kl_ctrl=self.experience.kl_ctrl,
@@ -193,17 +197,7 @@ class Trainer:
         metrics.update(timer.metrics())
         metrics.update(overlap)
         metrics.update(self.experience.metrics(exp, policy_version=self.global_step))
-        metrics.update(
-            perf_metrics(
-                exp.num_tokens,
-                timer,
-                ranks=self.cluster.ranks,
-                flops_per_token=self.flops_per_token,
-                ppo_epochs=self.spec.batch.ppo_epochs,
-                peak_flops=self.cluster.peak_flops(),
-                device_stats=self.cluster.device_stats(),
-            )
-        )
+        metrics.update(self.cluster.perf_metrics(exp.num_tokens, timer))
         return metrics, taken.epoch
 
     def update(self, exp: Experience, timer: Timer) -> dict[str, float]:

@@ -1,9 +1,12 @@
-"""The execution plan: every derived decision of a run, made once on the driver and handed to the workers.
+"""The execution plan: every derived decision of a run, made once on the driver, after Ray is up and before any
+worker starts, and handed to the cluster, the workers and the engines.
 
 The API's :class:`~kuberl.api.batching.BatchPlan` holds what the spec alone decides (rows, ranks, optimizer steps);
-this adds how each role cuts its rows into micro-batches, where the rollout runs (which needs the Ray cluster) and
-the vLLM engine's arguments. Workers and rollouts read these and never derive them from the spec again
-(torchtitan's ``ParallelDims`` habit; verl re-normalises its config inside every worker).
+this adds how each role cuts its rows into micro-batches, where the rollout runs (which needs the Ray cluster), the
+engine's arguments, each role's share of a rank's resources, threads per rank, sampling, and which experience
+fields each update reads. Nothing re-derives them from the spec (torchtitan's ``ParallelDims`` habit; verl
+re-normalises its config inside every worker). ``docs/architecture.md`` lists each derived value and where it is
+computed.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from typing import Any
 from kuberl.api.batching import BatchPlan, plan_batches
 from kuberl.api.memory import GIB, GPU, does_not_fit, gpu_of, plan_memory, token_budget
 from kuberl.api.spec import RLJobSpec
-from kuberl.trainer.plan.layout import PlacementError, RolloutLayout, plan_rollout_layout
+from kuberl.trainer.algorithms.losses import PolicyLossConfig
+from kuberl.trainer.plan.layout import ClusterFacts, PlacementError, RolloutLayout, plan_rollout_layout
 
 
 @dataclass(frozen=True)
@@ -28,8 +32,11 @@ class MicroBatching:
 
 @dataclass(frozen=True)
 class EngineArgs:
-    """The vLLM engine's arguments, the same for a colocated engine and every separate one."""
+    """The rollout engine's arguments, the same for a colocated engine and every separate one; each engine reads
+    those it takes (``hf``: the path, the seed, ``max_num_seqs`` as its batch size, ``calculate_log_probs``)."""
 
+    name: str
+    """rollout.engine: its entry in ``kuberl.trainer.rollout.registry``."""
     model_path: str
     dtype: str
     seed: int
@@ -45,10 +52,26 @@ class EngineArgs:
     """The trainer sends the weights before the first rollout: no checkpoint read."""
 
     def kwargs(self) -> dict[str, Any]:
-        """Everything but ``model_path``, as keyword arguments of the engine classes."""
+        """Everything but the name and ``model_path``, as keyword arguments of the vLLM engine classes."""
         out = asdict(self)
-        del out["model_path"]
+        del out["name"], out["model_path"]
         return out
+
+
+@dataclass(frozen=True)
+class RoleShares:
+    """The share of a trainer rank's placement-group bundle each role's Ray actor requests: the roles of rank ``r``
+    share bundle ``r`` and take turns (verl's colocated roles); Ray only needs them to fit in one bundle together.
+    A separate engine sharing a trainer GPU takes ``rollout``."""
+
+    actor: float = 0.4
+    critic: float = 0.25
+    reward_model: float = 0.15
+    rollout: float = 0.2
+
+    def of(self, role: str) -> float:
+        share: float = getattr(self, role)
+        return share
 
 
 @dataclass(frozen=True)
@@ -70,6 +93,14 @@ class Sampling:
 @dataclass(frozen=True)
 class ExecutionPlan:
     batch: BatchPlan
+    ranks: int
+    """Trainer ranks: one per trainer GPU (or CPU process), each in one bundle of the trainer's placement group."""
+    rank_bundle: dict[str, float]
+    """Ray resources of one trainer rank's bundle: one CPU, and one GPU on CUDA."""
+    threads: int
+    """torch threads per process of a rank: the pool's CPUs per GPU on a joined cluster, else the machine's CPUs
+    over the ranks."""
+    shares: RoleShares
     actor_update: MicroBatching
     """The policy's update (batch.ppoMicroBatchSizePerGPU)."""
     log_prob: MicroBatching
@@ -79,8 +110,7 @@ class ExecutionPlan:
     critic_forward: MicroBatching
     """Forward-only values (batch.logProbMicroBatchSizePerGPU, else the critic's update size)."""
     rollout: RolloutLayout
-    engine: EngineArgs | None
-    """None with ``rollout.engine: hf``."""
+    engine: EngineArgs
     uses_reference: bool
     """A frozen reference policy is needed (KL in the reward or in the loss)."""
     uses_critic: bool
@@ -95,34 +125,48 @@ class ExecutionPlan:
     correction)."""
     critic_update_fields: tuple[str, ...]
     """What the critic's update reads besides the rows: the old values and the returns."""
+    policy_loss: PolicyLossConfig
+    """The registered policy loss and its knobs (algorithm, algorithm.policyLoss)."""
     old_log_probs_from_update: bool
     """Each batch meets the policy exactly once (one mini-batch, one epoch) and nothing before the update reads the
     old log-probs (no KL in the reward): they are then the update's own forward, detached (the ratio is 1 by
     construction), instead of a separate forward pass over the same weights."""
 
 
-def plan_execution(
-    spec: RLJobSpec, *, cluster_gpus: float = 0.0, rollout_pool_labelled: bool = False, gpu: GPU | None = None
-) -> ExecutionPlan:
-    """The plan of ``spec`` on a Ray cluster with ``cluster_gpus`` GPUs (whose rollout pool is labelled or not; see
-    :func:`~kuberl.trainer.plan.layout.plan_rollout_layout`) and trainer GPUs ``gpu`` (when known: the memory
-    plan must fit it, and chooses the token budget the spec leaves out). Assumes ``spec`` passed validation."""
+def plan_execution(spec: RLJobSpec, cluster: ClusterFacts | None = None) -> ExecutionPlan:
+    """The plan of ``spec`` on the Ray cluster ``cluster`` describes (None: a machine of its own, as for a worker
+    group driven alone in a test). Where the trainer GPU is known, its memory plan must fit it and chooses the token
+    budget the spec leaves out. Assumes ``spec`` passed validation."""
+    cluster = cluster or ClusterFacts()
     batch = plan_batches(spec)
     dynamic = spec.batch.dynamic_batch_size
-    layout = plan_rollout_layout(spec, cluster_gpus=cluster_gpus, rollout_pool_labelled=rollout_pool_labelled)
-    tokens = checked_token_budget(spec, layout, gpu)
+    layout = plan_rollout_layout(spec, batch, cluster)
+    tokens = checked_token_budget(spec, layout, cluster.gpu)
     critic_size = None
     if not dynamic.enabled:
         own = spec.critic.ppo_micro_batch_size_per_gpu if spec.critic else None
         critic_size = own or batch.micro_batch_size_per_gpu
     forward_size = None if dynamic.enabled else spec.batch.log_prob_micro_batch_size_per_gpu
-    r = spec.rollout
-    algo = spec.algorithm
+    r, algo, pool = spec.rollout, spec.algorithm, spec.cluster.trainer
     old_log_probs_from_update = batch.optimizer_steps_per_step == 1 and not algo.kl.in_reward
     sample_val = r.val.do_sample
-    engine = None
-    if r.engine == "vllm":
-        engine = EngineArgs(
+    if cluster.joined:
+        threads = max(1, int(parse_cpu(pool.cpu)) // pool.gpus_per_node)
+    else:
+        threads = max(1, cluster.local_cpus // batch.trainer_gpus)
+    return ExecutionPlan(
+        batch=batch,
+        ranks=batch.trainer_gpus,
+        rank_bundle={"CPU": 1.0, "GPU": 1.0} if spec.cluster.device == "cuda" else {"CPU": 1.0},
+        threads=threads,
+        shares=RoleShares(),
+        actor_update=MicroBatching(batch.micro_batch_size_per_gpu, tokens),
+        log_prob=MicroBatching(batch.log_prob_micro_batch_size_per_gpu, tokens),
+        critic_update=MicroBatching(critic_size, tokens),
+        critic_forward=MicroBatching(forward_size or critic_size, tokens),
+        rollout=layout,
+        engine=EngineArgs(
+            name=r.engine,
             model_path=spec.model.path,
             dtype=spec.model.dtype,
             seed=spec.data.seed,
@@ -133,15 +177,7 @@ def plan_execution(
             max_num_seqs=r.max_num_seqs,
             enforce_eager=r.enforce_eager,
             calculate_log_probs=r.calculate_log_probs,
-        )
-    return ExecutionPlan(
-        batch=batch,
-        actor_update=MicroBatching(batch.micro_batch_size_per_gpu, tokens),
-        log_prob=MicroBatching(batch.log_prob_micro_batch_size_per_gpu, tokens),
-        critic_update=MicroBatching(critic_size, tokens),
-        critic_forward=MicroBatching(forward_size or critic_size, tokens),
-        rollout=layout,
-        engine=engine,
+        ),
         uses_reference=algo.kl.in_reward or algo.kl.loss.enabled,
         uses_critic=algo.advantage_estimator == "gae",
         train_sampling=Sampling(r.temperature, r.top_p, r.top_k, spec.data.max_response_length),
@@ -158,6 +194,7 @@ def plan_execution(
             *(("rollout_log_probs",) if algo.rollout_correction.enabled else ()),
         ),
         critic_update_fields=("values", "returns"),
+        policy_loss=PolicyLossConfig.from_spec(algo),
         old_log_probs_from_update=old_log_probs_from_update,
     )
 
@@ -173,6 +210,15 @@ def checked_token_budget(spec: RLJobSpec, layout: RolloutLayout, gpu: GPU | None
     if not plan.fits:
         raise PlacementError(does_not_fit("", plan))
     return plan.token_budget
+
+
+def token_budget_line(spec: RLJobSpec, plan: ExecutionPlan, gpu: GPU | None) -> str | None:
+    """What the run says about the micro-batch token budget the plan chose because the spec left it out."""
+    budget = plan.actor_update.max_tokens
+    if budget is None or spec.batch.dynamic_batch_size.max_token_len_per_gpu is not None:
+        return None
+    chosen = f"the largest the memory plan fits on {gpu.name}" if gpu else "the GPU is unknown, the default"
+    return f"micro-batch token budget {budget}: {chosen} (batch.dynamicBatchSize.maxTokenLenPerGPU left out)"
 
 
 def trainer_gpu(spec: RLJobSpec, *, local: bool) -> GPU | None:
@@ -191,3 +237,8 @@ def trainer_gpu(spec: RLJobSpec, *, local: bool) -> GPU | None:
     except Exception:  # no NVML here: the budget falls back to its old default
         return None
     return GPU(name.decode() if isinstance(name, bytes) else str(name), total / GIB)
+
+
+def parse_cpu(quantity: str) -> float:
+    """A Kubernetes CPU quantity (``"8"``, ``"500m"``) in CPUs."""
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)

@@ -27,14 +27,32 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kuberl.api.batching import plan_batches
+from kuberl.api.batching import BatchPlan
 from kuberl.api.contract import POOL_LABEL, ROLLOUT_POOL, TRAINER_POOL
+from kuberl.api.engines import ENGINES, Transport
+from kuberl.api.memory import GPU
 from kuberl.api.spec import RLJobSpec
-from kuberl.trainer.rollout.weight_sync import Transport
 
 
 class PlacementError(ValueError):
     """The job's GPUs do not fit the Ray cluster it runs on."""
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """What the plan needs to know of the Ray cluster the driver started or joined (read once, by the driver's
+    :class:`~kuberl.trainer.driver.cluster.Cluster`)."""
+
+    gpus: float = 0.0
+    """The cluster's ``GPU`` resource in all."""
+    rollout_pool_labelled: bool = False
+    """Some alive node carries the rollout pool's label (:func:`rollout_pool_labelled`)."""
+    joined: bool = False
+    """The driver joined a cluster (``--address``, the RayJob) rather than starting one on this machine."""
+    local_cpus: int = 1
+    """This machine's CPUs (an embedded Ray's trainer ranks share them)."""
+    gpu: GPU | None = None
+    """The trainer's GPU when known (:func:`~kuberl.trainer.plan.execution.trainer_gpu`): its memory plan must fit."""
 
 
 @dataclass(frozen=True)
@@ -60,28 +78,34 @@ class RolloutLayout:
         return {POOL_LABEL: ROLLOUT_POOL} if self.kind == "pools" else None
 
 
-def plan_rollout_layout(spec: RLJobSpec, *, cluster_gpus: float, rollout_pool_labelled: bool) -> RolloutLayout:
-    """The rollout's layout, from ``RLJobSpec.rollout_pool`` (placement). ``cluster_gpus``: the Ray cluster's
-    ``GPU`` resource in all; ``rollout_pool_labelled``: some node carries the rollout pool's label
-    (:func:`rollout_pool_labelled`)."""
-    batch = plan_batches(spec)
+def plan_rollout_layout(spec: RLJobSpec, batch: BatchPlan, cluster: ClusterFacts) -> RolloutLayout:
+    """The rollout's layout, from ``RLJobSpec.rollout_pool`` (placement), the Ray cluster, and the transports the
+    engine takes (kuberl.api.engines)."""
     tp = spec.rollout.tensor_parallel_size
     rollout_gpus, trainer_gpus, engines = batch.rollout_gpus, batch.trainer_gpus, batch.rollout_engines
     if spec.rollout_pool is None:
         return RolloutLayout("colocated", engines, tp, None)
     if spec.cluster.device == "cpu":
-        return RolloutLayout("pools" if rollout_pool_labelled else "disjoint", engines, 0, "object_store")
-    if rollout_pool_labelled:
-        return RolloutLayout("pools", engines, tp, "nccl")
-    if cluster_gpus >= trainer_gpus + rollout_gpus:
-        return RolloutLayout("disjoint", engines, tp, "nccl")
-    if tp == 1 and engines <= trainer_gpus:
-        return RolloutLayout("shared", engines, tp, "ipc")
-    raise PlacementError(
-        f"cluster.rollout: {engines} engine(s) of rollout.tensorParallelSize {tp} need {rollout_gpus} GPU(s) beside "
-        f"the trainer's {trainer_gpus}, and this Ray cluster has {math.floor(cluster_gpus)}; sharing the trainer's "
-        f"GPUs needs tensorParallelSize 1 and at most one engine per trainer GPU"
-    )
+        layout = RolloutLayout("pools" if cluster.rollout_pool_labelled else "disjoint", engines, 0, "object_store")
+    elif cluster.rollout_pool_labelled:
+        layout = RolloutLayout("pools", engines, tp, "nccl")
+    elif cluster.gpus >= trainer_gpus + rollout_gpus:
+        layout = RolloutLayout("disjoint", engines, tp, "nccl")
+    elif tp == 1 and engines <= trainer_gpus:
+        layout = RolloutLayout("shared", engines, tp, "ipc")
+    else:
+        raise PlacementError(
+            f"cluster.rollout: {engines} engine(s) of rollout.tensorParallelSize {tp} need {rollout_gpus} GPU(s) "
+            f"beside the trainer's {trainer_gpus}, and this Ray cluster has {math.floor(cluster.gpus)}; sharing the "
+            "trainer's GPUs needs tensorParallelSize 1 and at most one engine per trainer GPU"
+        )
+    takes = ENGINES[spec.rollout.engine].transports
+    if layout.transport not in takes:
+        raise PlacementError(
+            f"rollout.engine {spec.rollout.engine} takes weights by {', '.join(sorted(takes)) or 'no transport'}, but "
+            f"its {layout.kind} layout on cluster.device {spec.cluster.device} sends them by {layout.transport}"
+        )
+    return layout
 
 
 def rollout_pool_labelled(nodes: list[dict[str, Any]]) -> bool:

@@ -1,6 +1,3 @@
-"""Rollout backends behind one interface: ``hf`` (transformers generate, CPU and tests) and ``vllm`` (GPU; colocated
-with the actor or separate, see :mod:`kuberl.trainer.plan.layout`)."""
-
-from kuberl.trainer.rollout.base import ColocatedRollout, Rollout, RolloutBatch, make_rollout
-
-__all__ = ["ColocatedRollout", "Rollout", "RolloutBatch", "make_rollout"]
+"""Generation: the engine interface (:mod:`.base`), the engines (``hf``, ``vllm``) and their registry
+(:mod:`.registry`), the separate engines seen from the driver (:mod:`.engine_group`), the weight transfer into the
+engines (:mod:`.weight_sync`), and multi-turn rollouts with tools (:mod:`.agent`, :mod:`.tools`)."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -126,21 +125,3 @@ class ColocatedRollout(Rollout):
     def needs_weights(self) -> bool:
         """True when the engine holds no weights (e.g. after a sleep that dropped them) until update_weights."""
         return False
-
-
-def make_rollout(engine: str, **kwargs: Any) -> ColocatedRollout:
-    """The backend named by ``spec.rollout.engine``; imported lazily (vLLM pulls CUDA)."""
-    if engine == "hf":
-        from kuberl.trainer.rollout.hf import HFRollout
-
-        return HFRollout(**kwargs)
-    if engine == "vllm":
-        try:
-            from kuberl.trainer.rollout.vllm import VLLMRollout
-        except ImportError as exc:
-            raise RuntimeError(
-                "rollout.engine vllm needs the GPU image (pip install 'kuberl[gpu]') and the vllm "
-                f"backend module; use rollout.engine hf on CPU ({exc})"
-            ) from exc
-        return VLLMRollout(**kwargs)
-    raise ValueError(f"unknown rollout engine {engine!r}; known: hf, vllm")

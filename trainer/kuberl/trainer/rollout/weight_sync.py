@@ -33,13 +33,13 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor, nn
 
+from kuberl.api.engines import Transport
 from kuberl.trainer.model.fsdp import LORA_PREFIX, full_named_parameters
 
 DEFAULT_BUCKET_MB = 512
 VLLMTransport = Literal["nccl", "ipc"]
 """vLLM's weight-transfer backends: NCCL broadcast (GPUs of its own) or CUDA IPC (the trainer's GPUs)."""
 VLLM_TRANSPORTS: tuple[str, ...] = get_args(VLLMTransport)
-Transport = Literal[VLLMTransport, "object_store"]
 """How a separate rollout receives weights: a vLLM backend, or the Ray object store (CPU engines)."""
 TIED_HEAD = "lm_head.weight"
 

@@ -23,14 +23,17 @@ from kuberl.trainer.workers.dispatch import Dispatch, dispatch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from kuberl.trainer.rollout import ColocatedRollout
-    from kuberl.trainer.rollout.weight_sync import ObjectStoreSender, Transport, WeightBroadcaster
+    from kuberl.api.engines import Transport
+    from kuberl.trainer.rollout.base import ColocatedRollout
+    from kuberl.trainer.rollout.registry import Engine
+    from kuberl.trainer.rollout.weight_sync import ObjectStoreSender, WeightBroadcaster
 
 
 class ActorWorker(DistributedWorker):
     role = "actor"
 
-    def init_model(self, total_steps: int) -> dict[str, Any]:
+    def init_model(self, total_steps: int, rollout_engine: Engine) -> dict[str, Any]:
+        """``rollout_engine``: the registry's entry of rollout.engine, as the driver looked it up."""
         from kuberl.trainer.model.loading import load_tokenizer, num_params
 
         spec = self.spec
@@ -54,7 +57,7 @@ class ActorWorker(DistributedWorker):
         self.broadcaster: WeightBroadcaster | ObjectStoreSender | None = None
         self.weight_version = 0
         """The trainer step of the weights the rollout engine(s) hold (0: the initial ones)."""
-        self.rollout = self.build_rollout(eos_ids)
+        self.rollout = self.build_rollout(eos_ids, rollout_engine)
         if self.rollout is not None:
             self.sync_weights(0)
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)  # DTensor numel is global
@@ -87,30 +90,16 @@ class ActorWorker(DistributedWorker):
 
     # --- rollout ---
 
-    def build_rollout(self, eos_ids: list[int]) -> ColocatedRollout | None:
-        """The colocated engine of this rank: ``hf`` gets a plain copy of the policy; ``vllm`` starts an engine on
-        this rank's GPU with dummy weights that the first :meth:`sync_weights` replaces. None when the rollout is
-        separate: the driver starts the engines and then calls :meth:`connect_rollout`."""
-        from kuberl.trainer.model.loading import load_causal_lm
-        from kuberl.trainer.rollout import make_rollout
+    def build_rollout(self, eos_ids: list[int], rollout_engine: Engine) -> ColocatedRollout | None:
+        """The colocated engine of this rank (``hf``: a plain copy of the policy; ``vllm``: an engine on this rank's
+        GPU with dummy weights that the first :meth:`sync_weights` replaces). None when the rollout is separate: the
+        driver starts the engines and then calls :meth:`connect_rollout`."""
+        from kuberl.trainer.rollout.registry import EngineContext
 
         if self.plan.rollout.separate:
             return None
-        engine = self.plan.engine
-        pad_id = self.tokenizer.pad_token_id
-        if engine is not None:
-            return make_rollout("vllm", model_path=engine.model_path, pad_id=pad_id, eos_ids=eos_ids, **engine.kwargs())
-        spec = self.spec
-        model = load_causal_lm(spec.model.path, fsdp.compute_dtype(spec.model.dtype, self.device.type))
-        return make_rollout(
-            "hf",
-            model=model,
-            pad_id=pad_id,
-            eos_ids=eos_ids,
-            calculate_log_probs=spec.rollout.calculate_log_probs,
-            max_batch_size=spec.rollout.max_num_seqs,
-            device=self.device,
-        )
+        context = EngineContext(self.tokenizer.pad_token_id, eos_ids, self.device, self.plan.threads)
+        return rollout_engine.make_colocated(self.plan.engine, context)
 
     def broadcast_group(self, engine_world_sizes: list[int]) -> Any:
         """Where the NCCL group of a separate rollout meets: on this rank's node (call it on rank 0)."""
@@ -219,7 +208,7 @@ class ActorWorker(DistributedWorker):
         ``algorithm.rolloutCorrection`` each token's policy loss is weighted by its truncated π_old/π_rollout.
         """
         from kuberl.trainer.algorithms.kl import kl_penalty
-        from kuberl.trainer.algorithms.losses import PolicyLossConfig, agg_loss, policy_loss, rollout_is_weights
+        from kuberl.trainer.algorithms.losses import agg_loss, policy_loss, rollout_is_weights
 
         algo = self.spec.algorithm
         kl_loss = algo.kl.loss
@@ -245,7 +234,7 @@ class ActorWorker(DistributedWorker):
             old_log_probs,
             mb["advantages"],
             mask,
-            config=PolicyLossConfig.from_spec(algo),
+            config=self.plan.policy_loss,
             agg_mode=algo.loss_agg_mode,
             rollout_is_weights=weights,
             **agg,

@@ -35,9 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FRACTION = {"actor": 0.4, "critic": 0.25, "reward_model": 0.15, "rollout": 0.2}
-"""Share of a rank's bundle each role's actor requests; Ray only needs them to fit in one bundle together."""
-
 
 @dataclass
 class MicroLoss:
@@ -74,14 +71,15 @@ class DistributedWorker:
     skipped_in_a_row = 0
     """Optimizer steps skipped for a non-finite gradient norm since the last one taken."""
 
-    def __init__(self, spec_json: str, rank: int, world_size: int, threads: int, plan: ExecutionPlan) -> None:
+    def __init__(self, spec: RLJobSpec, plan: ExecutionPlan, rank: int) -> None:
+        """``spec`` and ``plan``: the driver's objects, as Ray unpickled them."""
         logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s {self.role}[{rank}] %(levelname)s %(message)s")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        self.spec = RLJobSpec.model_validate_json(spec_json)
+        self.spec = spec
         self.plan = plan
         self.rank = rank
-        self.world_size = world_size
-        torch.set_num_threads(max(1, threads))
+        self.world_size = plan.ranks
+        torch.set_num_threads(plan.threads)
         self.device = torch.device("cuda", 0) if self.spec.cluster.device == "cuda" else torch.device("cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)

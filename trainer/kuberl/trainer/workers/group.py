@@ -12,15 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from kuberl.api.spec import RLJobSpec
-from kuberl.trainer.plan.execution import ExecutionPlan, plan_execution
+from kuberl.trainer.plan.execution import ExecutionPlan
 from kuberl.trainer.workers.dispatch import collect, mode_of, split
-
-FRACTION = {"actor": 0.4, "critic": 0.25, "reward_model": 0.15, "rollout": 0.2}
-"""Share of a rank's bundle each role's actor requests; Ray only needs them to fit in one bundle together."""
 
 
 class WorkerGroup:
-    """``world_size`` Ray actors of ``cls``, rank ``r`` in bundle ``r`` of ``placement_group``."""
+    """One Ray actor of ``cls`` per trainer rank (:attr:`ExecutionPlan.ranks`), rank ``r`` in bundle ``r`` of
+    ``placement_group``, each receiving the spec and the plan as they are (Ray pickles them; nothing is parsed
+    again in the worker)."""
 
     def __init__(
         self,
@@ -28,22 +27,16 @@ class WorkerGroup:
         *,
         role: str,
         spec: RLJobSpec,
+        plan: ExecutionPlan,
         placement_group: Any,
-        world_size: int,
-        threads: int,
-        plan: ExecutionPlan | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
-        """``plan``: the driver's execution plan; without one, the plan of ``spec`` alone (a colocated rollout), for
-        a group driven on its own."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        plan = plan or plan_execution(spec)
-        share = FRACTION[role]
+        share = plan.shares.of(role)
         remote: Any = ray.remote(cls)
         gpu = spec.cluster.device == "cuda"
-        spec_json = spec.model_dump_json()
         self.role = role
         self.cls = cls
         self.workers: list[Any] = [  # Ray actor handles
@@ -52,8 +45,8 @@ class WorkerGroup:
                 num_gpus=share if gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group, placement_group_bundle_index=r),
                 runtime_env={"env_vars": env or {}},
-            ).remote(spec_json, r, world_size, threads, plan)
-            for r in range(world_size)
+            ).remote(spec, plan, r)
+            for r in range(plan.ranks)
         ]
         address, port = ray.get(self.workers[0].rendezvous.remote())
         ray.get([w.init_distributed.remote(address, port) for w in self.workers])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from kuberl.api.spec import RLJobSpec
@@ -11,18 +9,14 @@ from kuberl.trainer.model import fsdp
 from kuberl.trainer.plan.execution import ExecutionPlan
 from kuberl.trainer.workers.dispatch import Dispatch, dispatch
 
-if TYPE_CHECKING:
-    pass
-
 
 class RewardModelWorker:
     """Scores ``prompt + response`` texts with ``reward.model`` (one per rank; the driver splits the texts)."""
 
-    def __init__(self, spec_json: str, rank: int, world_size: int, threads: int, plan: ExecutionPlan) -> None:
+    def __init__(self, spec: RLJobSpec, plan: ExecutionPlan, rank: int) -> None:
         from kuberl.trainer.rewards.model import RewardModelScorer
 
-        spec = RLJobSpec.model_validate_json(spec_json)
-        torch.set_num_threads(max(1, threads))
+        torch.set_num_threads(plan.threads)
         rm = spec.reward.model
         assert rm is not None
         device = "cuda" if spec.cluster.device == "cuda" else "cpu"
