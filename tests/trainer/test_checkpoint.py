@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from kuberl.trainer.checkpoint import files as ckpt
+from kuberl.trainer.checkpoint import folder as ckpt_folder
+from kuberl.trainer.checkpoint import shards
 
 TINY = "tiny://llama?hidden=32&layers=2&heads=2&kv_heads=1&seed=3"
 REPO = Path(__file__).resolve().parents[2]
@@ -239,7 +241,7 @@ def save_with_ranks(rank: int, world: int, port: int, folder: str, out: str) -> 
     model(input_ids=ids, labels=ids).loss.backward()
     optimizer.step()
     scheduler.step()
-    ckpt.save_sharded(folder, rank=rank, model=model, optimizer=optimizer, scheduler=scheduler)
+    shards.save_sharded(folder, rank=rank, model=model, optimizer=optimizer, scheduler=scheduler)
     full = dict(fsdp.full_named_parameters(model))
     exp_avg = {
         name: fsdp.full_tensor(optimizer.state[p]["exp_avg"]).clone()
@@ -257,7 +259,7 @@ def load_and_step(rank: int, world: int, port: int, folder: str, out: str) -> No
     from kuberl.trainer.model import fsdp
 
     model, optimizer, scheduler = build(rank, world, port)
-    ckpt.load_sharded(folder, rank=rank, model=model, optimizer=optimizer, scheduler=scheduler)
+    shards.load_sharded(folder, rank=rank, model=model, optimizer=optimizer, scheduler=scheduler)
     loaded = dict(fsdp.full_named_parameters(model))
     exp_avg = {
         name: fsdp.full_tensor(optimizer.state[p]["exp_avg"]).clone()
@@ -295,7 +297,7 @@ def test_a_checkpoint_saved_by_two_ranks_loads_into_one(tmp_path):
     assert any(torch.count_nonzero(v) for v in after["exp_avg"].values())
     for name, value in after["exp_avg"].items():
         torch.testing.assert_close(value, before["exp_avg"][name], rtol=0, atol=0)
-    export = ckpt.load_full_model_state(folder)
+    export = shards.load_full_model_state(folder)
     for name in before["params"]:
         torch.testing.assert_close(export[name], before["params"][name], rtol=0, atol=0)
 
@@ -330,16 +332,16 @@ def test_every_role_of_the_manifest_must_be_complete(tmp_path):
 
 HOLDER = """
 import sys, time
-from kuberl.trainer.checkpoint import files as ckpt
-owner = ckpt.Owner(uid="uid-a", rljob="first", run_id="run-1", host="here", pid=int(sys.argv[2]), since="then")
-lock = ckpt.take_folder(sys.argv[1], owner, wait_seconds=0)
+from kuberl.trainer.checkpoint import folder as ckpt_folder
+owner = ckpt_folder.Owner(uid="uid-a", rljob="first", run_id="run-1", host="here", pid=int(sys.argv[2]), since="then")
+lock = ckpt_folder.take_folder(sys.argv[1], owner, wait_seconds=0)
 print("held", flush=True)
 time.sleep(600)
 """
 
 
-def owner(uid: str | None = "uid-a", run_id: str = "run-2") -> ckpt.Owner:
-    return ckpt.Owner(uid=uid, rljob="job", run_id=run_id, host="here", pid=os.getpid(), since="now")
+def owner(uid: str | None = "uid-a", run_id: str = "run-2") -> ckpt_folder.Owner:
+    return ckpt_folder.Owner(uid=uid, rljob="job", run_id=run_id, host="here", pid=os.getpid(), since="now")
 
 
 @pytest.mark.timeout(120)
@@ -352,14 +354,14 @@ def test_a_held_folder_is_refused_naming_the_holder_until_the_holder_is_killed(t
         unfinished = ckpt.step_dir(tmp_path, 7)
         unfinished.mkdir()  # the holder's save in progress: the refused run must not delete it
         with pytest.raises(
-            ckpt.CheckpointFolderInUse, match=r"in use by run run-1 of RLJob first \(uid uid-a, pid 4242"
+            ckpt_folder.CheckpointFolderInUse, match=r"in use by run run-1 of RLJob first \(uid uid-a, pid 4242"
         ):
-            ckpt.take_folder(tmp_path, owner(), wait_seconds=1)
+            ckpt_folder.take_folder(tmp_path, owner(), wait_seconds=1)
         assert unfinished.is_dir()
         holder.send_signal(signal.SIGKILL)  # the kernel drops a dead process's lock
         holder.wait(timeout=30)
-        lock = ckpt.take_folder(tmp_path, owner(), wait_seconds=5)
-        assert json.loads((tmp_path / ckpt.OWNER).read_text())["run_id"] == "run-2"
+        lock = ckpt_folder.take_folder(tmp_path, owner(), wait_seconds=5)
+        assert json.loads((tmp_path / ckpt_folder.OWNER).read_text())["run_id"] == "run-2"
         lock.release()
     finally:
         holder.kill()
@@ -369,11 +371,11 @@ def test_another_rljobs_folder_is_refused_before_anything_in_it_is_deleted(tmp_p
     make_checkpoint(tmp_path, 2, ckpt.Identity(uid="uid-a", spec_hash="h"))  # written before owner.json existed
     unfinished = ckpt.step_dir(tmp_path, 3)
     unfinished.mkdir()
-    with pytest.raises(ckpt.CheckpointFolderInUse, match=r"holds the checkpoints of .*uid uid-a.*global_step_2"):
-        ckpt.take_folder(tmp_path, owner(uid="uid-b"), wait_seconds=0)
-    assert unfinished.is_dir() and not (tmp_path / ckpt.OWNER).exists()
-    ckpt.take_folder(tmp_path, owner(uid="uid-b"), wait_seconds=0, adopt=True).release()  # trainer.resume asked
-    assert json.loads((tmp_path / ckpt.OWNER).read_text())["uid"] == "uid-b"
+    with pytest.raises(ckpt_folder.CheckpointFolderInUse, match=r"holds the checkpoints of .*uid uid-a.*global_step_2"):
+        ckpt_folder.take_folder(tmp_path, owner(uid="uid-b"), wait_seconds=0)
+    assert unfinished.is_dir() and not (tmp_path / ckpt_folder.OWNER).exists()
+    ckpt_folder.take_folder(tmp_path, owner(uid="uid-b"), wait_seconds=0, adopt=True).release()  # trainer.resume asked
+    assert json.loads((tmp_path / ckpt_folder.OWNER).read_text())["uid"] == "uid-b"
 
 
 def test_a_pinned_resume_path_is_used_once_then_the_jobs_own_newer_checkpoint(tmp_path):
@@ -391,13 +393,15 @@ def test_a_pinned_resume_path_is_used_once_then_the_jobs_own_newer_checkpoint(tm
 
 def test_a_read_only_folder_is_refused_before_training_naming_it(small_filesystem):
     root = small_filesystem("1m", read_only=True)
-    with pytest.raises(ckpt.CheckpointStorageError, match=r"checkpointDir .*/fs0/ckpt cannot be written: Read-only"):
-        ckpt.take_folder(root / "ckpt", owner(), wait_seconds=0)
+    with pytest.raises(
+        ckpt_folder.CheckpointStorageError, match=r"checkpointDir .*/fs0/ckpt cannot be written: Read-only"
+    ):
+        ckpt_folder.take_folder(root / "ckpt", owner(), wait_seconds=0)
 
 
 def test_the_preflight_wants_room_for_the_kept_checkpoints_and_the_next(small_filesystem):
     root = small_filesystem("1m")
-    assert ckpt.storage_problem(root, 200 * 1024, keep=3) is None  # 4 × 200 KiB fit in 1 MiB
-    problem = ckpt.storage_problem(root, 300 * 1024, keep=3)
+    assert ckpt_folder.storage_problem(root, 200 * 1024, keep=3) is None  # 4 × 200 KiB fit in 1 MiB
+    problem = ckpt_folder.storage_problem(root, 300 * 1024, keep=3)
     assert problem is not None and "need 1.2 MiB more at ~300.0 KiB per checkpoint" in problem
     assert "trainer.maxCheckpoints = 3 kept (0 here now)" in problem and "storage.claim.size" in problem

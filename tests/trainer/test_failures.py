@@ -12,7 +12,8 @@ import pytest
 from kuberl.api import InvalidSpec
 from kuberl.api.contract import EXIT_PERMANENT
 from kuberl.api.status import FailureClass
-from kuberl.trainer.checkpoint.files import CheckpointFolderInUse, CheckpointMismatch, CheckpointStorageError
+from kuberl.trainer.checkpoint.files import CheckpointMismatch
+from kuberl.trainer.checkpoint.folder import CheckpointFolderInUse, CheckpointStorageError
 from kuberl.trainer.data.prompts import DataError
 from kuberl.trainer.driver.failures import PERMANENT_ERRORS, classify
 from kuberl.trainer.rewards.functions import RewardFunctionError

@@ -9,7 +9,8 @@ import yaml
 from kuberl.api import parse_spec
 from kuberl.trainer.algorithms.kl import make_kl_controller
 from kuberl.trainer.checkpoint import files as ckpt
-from kuberl.trainer.checkpoint.checkpointer import Checkpointer, CheckpointFolder
+from kuberl.trainer.checkpoint.checkpointer import Checkpointer
+from kuberl.trainer.checkpoint.folder import CheckpointFolder
 from kuberl.trainer.data.prompts import PromptDataset, PromptLoader, load_rows
 from kuberl.trainer.model.loading import load_tokenizer
 from kuberl.trainer.observe.reporting import Reporting

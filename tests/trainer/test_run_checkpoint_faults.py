@@ -18,6 +18,7 @@ import yaml
 
 from kuberl.api.contract import EXIT_PERMANENT, EXIT_STOPPED
 from kuberl.trainer.checkpoint import files as ckpt
+from kuberl.trainer.checkpoint import folder as ckpt_folder
 from tests.trainer.kuberl_cli import REPO, cli_env, kuberl_run, run_command, start_in_session, tiny_job
 
 
@@ -70,7 +71,7 @@ def test_a_second_trainer_on_a_folder_in_use_exits_permanent_and_deletes_nothing
         wait_for_checkpoint(folder, first)
         second = entrypoint(spec_file, tmp_path, timeout=120)
         assert second.returncode == EXIT_PERMANENT, second.stderr[-3000:]
-        holder = json.loads((folder / ckpt.OWNER).read_text())
+        holder = json.loads((folder / ckpt_folder.OWNER).read_text())
         assert f"is in use by run {holder['run_id']} of RLJob faults" in second.stderr
         assert f"pid {first.pid}" in second.stderr
         assert "Started a local Ray instance" not in second.stderr  # refused before Ray and the models

@@ -1,22 +1,27 @@
-"""A run's checkpoints from the driver's side: the run first takes its folder (:class:`CheckpointFolder`, the owner
-lock) and checks that it can be written; a resume checks that the storage holds the checkpoints the run keeps, then finds the checkpoint
-``trainer.resume`` asks for and restores all of it; a save writes the worker groups' shards and the driver's state
-(step, data order, KL controller, RNG) under ``trainer.checkpointDir`` and marks it latest. The files themselves
-are :mod:`kuberl.trainer.checkpoint.files`'s."""
+"""A run's checkpoints from the driver's side, in the folder the run holds
+(:class:`~kuberl.trainer.checkpoint.folder.CheckpointFolder`): a resume checks that the storage holds the checkpoints
+the run keeps, then finds the checkpoint ``trainer.resume`` asks for and restores all of it; a save has the worker
+groups write their shards (:mod:`~kuberl.trainer.checkpoint.shards`), writes the driver's state (step, data order,
+KL controller, RNG) under ``trainer.checkpointDir`` and marks it latest. The files themselves are
+:mod:`kuberl.trainer.checkpoint.files`'s."""
 
 from __future__ import annotations
 
-import os
-import socket
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from kuberl.api import RLJobSpec
-from kuberl.api.contract import ENV_RLJOB_UID, timestamp
 from kuberl.trainer.algorithms.kl import KLController
 from kuberl.trainer.checkpoint import files as ckpt
+from kuberl.trainer.checkpoint.folder import (
+    OPTIMIZER_BYTES,
+    WEIGHT_BYTES,
+    CheckpointFolder,
+    CheckpointStorageError,
+    checkpoint_size,
+    storage_problem,
+)
 from kuberl.trainer.data.prompts import PromptLoader
 from kuberl.trainer.observe.reporting import Reporting, write
 
@@ -25,57 +30,6 @@ class Group(Protocol):
     """A worker group whose ranks save and load their shards (:class:`kuberl.trainer.workers.group.WorkerGroup`)."""
 
     def call(self, method: str, *args: Any) -> Any: ...
-
-
-class CheckpointFolder:
-    """``trainer.checkpointDir`` held by one run: the owner lock, taken before anything there is deleted or written
-    (and before Ray starts, so that a folder this run cannot own or write fails at once), and the storage checks."""
-
-    def __init__(self, spec: RLJobSpec, *, rljob: str) -> None:
-        self.spec = spec
-        self.rljob = rljob
-        self.path = Path(spec.trainer.checkpoint_dir)
-        self.run_id = uuid.uuid4().hex[:12]
-        self.lock: ckpt.FolderLock | None = None
-
-    @property
-    def identity(self) -> ckpt.Identity:
-        """What this run's checkpoints record and what auto-resume requires: the RLJob uid (the operator sets it) and
-        the hash of model/data/algorithm/batch."""
-        return ckpt.Identity(os.environ.get(ENV_RLJOB_UID) or None, ckpt.resume_fields_hash(self.spec))
-
-    def take(self) -> None:
-        """Lock the folder for this run and check that it can be written; raises what a retry would meet again
-        (:mod:`kuberl.trainer.driver.failures`: permanent). Another run's hold is waited for up to
-        runPolicy.terminationGracePeriodSeconds: how long a stopped attempt may still be saving."""
-        resume = self.spec.trainer.resume
-        named = Path(resume).expanduser().resolve()
-        adopt = resume not in ("auto", "disable") and named.parent == self.path.resolve()
-        owner = ckpt.Owner(
-            uid=self.identity.uid,
-            rljob=self.rljob,
-            run_id=self.run_id,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            since=timestamp(),
-        )
-        wait = float(self.spec.run_policy.termination_grace_period_seconds)
-        self.lock = ckpt.take_folder(self.path, owner, wait_seconds=wait, adopt=adopt)
-        problem = ckpt.storage_problem(self.path, 0)
-        if problem is not None:
-            raise ckpt.CheckpointStorageError(problem)
-
-    def release(self) -> None:
-        if self.lock is not None:
-            self.lock.release()
-
-    def check_room(self, estimated_size: int) -> None:
-        """The storage preflight, before step 1: room for trainer.maxCheckpoints checkpoints and the next, each the
-        size of the newest checkpoint there (``estimated_size`` before one exists)."""
-        size = ckpt.checkpoint_size(self.path) or estimated_size
-        problem = ckpt.storage_problem(self.path, size, keep=self.spec.trainer.max_checkpoints or 0)
-        if problem is not None:
-            raise ckpt.CheckpointStorageError(problem)
 
 
 class Checkpointer:
@@ -117,7 +71,7 @@ class Checkpointer:
         """Bytes of one checkpoint before one exists: each role's weights and its trained parameters' Adam moments
         (the critic shares the policy's trunk)."""
         params, trained = self.params
-        return (ckpt.WEIGHT_BYTES * params + ckpt.OPTIMIZER_BYTES * trained) * len(self.roles)
+        return (WEIGHT_BYTES * params + OPTIMIZER_BYTES * trained) * len(self.roles)
 
     def resume(self) -> int:
         """Check the storage, then restore the checkpoint ``trainer.resume`` selects; the step it was saved at, 0
@@ -150,10 +104,10 @@ class Checkpointer:
         try:
             return self._save(step, position)
         except Exception as exc:  # a full or unwritable volume fails every retry the same way: say so
-            problem = ckpt.storage_problem(self.checkpoint_dir, ckpt.checkpoint_size(self.checkpoint_dir) or 1)
+            problem = storage_problem(self.checkpoint_dir, checkpoint_size(self.checkpoint_dir) or 1)
             if problem is None:
                 raise
-            raise ckpt.CheckpointStorageError(f"saving the checkpoint of step {step} failed: {problem}") from exc
+            raise CheckpointStorageError(f"saving the checkpoint of step {step} failed: {problem}") from exc
 
     def _save(self, step: int, position: dict[str, int]) -> str:
         folder = ckpt.prepare(self.checkpoint_dir, step)

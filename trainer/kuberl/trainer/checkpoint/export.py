@@ -16,6 +16,7 @@ from typing import Any
 
 from kuberl.trainer.checkpoint import files as ckpt
 from kuberl.trainer.checkpoint.model_card import model_card
+from kuberl.trainer.checkpoint.shards import load_full_model_state
 from kuberl.trainer.observe.metrics import RUN_RECORD
 
 
@@ -90,7 +91,7 @@ def export_checkpoint(
     if damage is not None:
         raise ExportError(f"cannot export {checkpoint}: it is damaged ({damage}); export an earlier checkpoint")
     actor = checkpoint / "actor"
-    state = ckpt.load_full_model_state(actor)
+    state = load_full_model_state(actor)
     lora = json.loads((actor / "lora.json").read_text()) if (actor / "lora.json").exists() else {}
     if lora.get("scaling"):
         state = merge_lora(state, lora["scaling"])

@@ -16,7 +16,7 @@ Layout under ``trainer.checkpointDir``::
 
 and beside the step folders ``owner.json`` (the RLJob uid and run that own the folder) and ``owner.lock``.
 
-One run owns a folder at a time: :func:`take_folder` locks ``owner.lock`` (``fcntl`` POSIX lock, released when the
+One run owns a folder at a time: :func:`kuberl.trainer.checkpoint.folder.take_folder` locks ``owner.lock`` (``fcntl`` POSIX lock, released when the
 process ends however it ends, and honoured over NFSv4) before anything in the folder is deleted or written, and
 refuses a folder another RLJob's checkpoints are in. Writes are atomic: a file goes to a temporary name, is fsynced
 and renamed; a DCP folder is written under a temporary name and renamed once every rank has finished. A checkpoint
@@ -29,19 +29,15 @@ verifies. Nothing is loaded with ``weights_only=False``.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import hashlib
 import json
 import logging
-import math
 import os
 import random
 import re
 import shutil
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,27 +55,13 @@ PARTIAL = ".partial"  # suffix of a file or DCP folder being written
 MANIFEST_VERSION = 2  # 2: the manifest names its roles; version 1 had the actor only
 HASH_CHUNK = 1 << 20
 RESUME_FIELDS = ("model", "data", "algorithm", "batch")  # spec fields a resumed run must share with the saved one
-OWNER = "owner.json"
-OWNER_LOCK = "owner.lock"
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of a folder's shards, written last
 ROLE_FILES = (f"model/{DCP_METADATA}", f"optim/{DCP_METADATA}", "scheduler.json")
 """What every role (actor, critic) of a complete checkpoint holds, besides the shards the metadata indexes."""
-# Bytes a checkpoint takes per parameter: fp32 weights, and Adam's two fp32 moments for a trained one (docs/storage.md
-# has the measurement). The storage preflight sizes checkpoints with them until one exists.
-WEIGHT_BYTES = 4
-OPTIMIZER_BYTES = 8
 
 
 class CheckpointMismatch(ValueError):
     """The checkpoints in checkpointDir belong to another RLJob or to a different spec: resuming would be wrong."""
-
-
-class CheckpointFolderInUse(CheckpointMismatch):
-    """Another run holds the checkpoint folder's lock, or another RLJob's checkpoints are in it."""
-
-
-class CheckpointStorageError(RuntimeError):
-    """The checkpoint folder cannot be written, or cannot hold the checkpoints the run will keep."""
 
 
 @dataclass(frozen=True)
@@ -204,96 +186,7 @@ def load_rng(path: Path) -> None:
     set_rng_state(torch.load(path, map_location="cpu", weights_only=True))
 
 
-# --- worker side (called inside every rank) -------------------------------------------------------------------
-
-
-def save_sharded(
-    folder: str | Path, *, rank: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
-) -> None:
-    """Every rank writes its own shards of model and optimizer (``torch.distributed.checkpoint``) and its RNG;
-    rank 0 writes the scheduler. A collective: all ranks call."""
-    import torch.distributed as dist
-    from torch.distributed.checkpoint.filesystem import FileSystemWriter
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    from torch.distributed.checkpoint.state_dict_saver import save
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    model_state, optim_state = get_state_dict(model, optimizer)
-    for name, state in (("model", model_state), ("optim", optim_state)):
-        tmp = folder / (name + PARTIAL)
-        save(state, storage_writer=FileSystemWriter(tmp, sync_files=True))
-        barrier()
-        if rank == 0:
-            publish_dir(tmp, folder / name)
-        barrier()
-    if rank == 0:
-        write_json(folder / "scheduler.json", scheduler.state_dict())
-    save_rng(folder / f"rng_rank{rank}.pt")
-    if dist.is_initialized():
-        dist.barrier()
-
-
-def load_sharded(
-    folder: str | Path,
-    *,
-    rank: int,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None,
-    scheduler: Any | None,
-) -> None:
-    """Every rank reads the pieces of the shards it owns now (any rank count); a collective: all ranks call."""
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-    from torch.distributed.checkpoint.state_dict_loader import load
-
-    folder = Path(folder)
-    model_state = get_model_state_dict(model)
-    load(model_state, checkpoint_id=folder / "model")
-    set_model_state_dict(model, model_state)
-    del model_state
-    if optimizer is not None:
-        optim_state = get_optimizer_state_dict(model, optimizer)
-        load(optim_state, checkpoint_id=folder / "optim")
-        set_optimizer_state_dict(model, optimizer, optim_state)
-    if scheduler is not None:
-        scheduler.load_state_dict(json.loads((folder / "scheduler.json").read_text()))
-    rng_file = folder / f"rng_rank{rank}.pt"
-    if rng_file.exists():
-        load_rng(rng_file)
-    else:  # fewer ranks saved than now: a new rank gets a fresh, still deterministic, sampling stream
-        log.warning("%s missing (the checkpoint was saved with fewer ranks): seeding rank %d afresh", rng_file, rank)
-
-
-def load_full_model_state(folder: str | Path) -> dict[str, torch.Tensor]:
-    """The whole model state dict of ``<role>/model`` in one process (``kuberl export``), without a model."""
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-    from torch.distributed.checkpoint.state_dict_loader import load
-
-    reader = FileSystemReader(Path(folder) / "model")
-    metadata = reader.read_metadata()
-    state = {
-        key: torch.empty(meta.size, dtype=meta.properties.dtype)
-        for key, meta in metadata.state_dict_metadata.items()
-        if isinstance(meta, TensorStorageMetadata)
-    }
-    load(state, storage_reader=reader, no_dist=True)
-    return state
-
-
-def barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.barrier()
-
-
-# --- driver side: sealing -------------------------------------------------------------------------------------
+# --- sealing (the driver) -------------------------------------------------------------------------------------
 
 
 def prepare(checkpoint_dir: str | Path, step: int) -> Path:
@@ -346,7 +239,7 @@ def mark_latest(checkpoint_dir: str | Path, folder: Path) -> None:
     write_atomic(Path(checkpoint_dir) / LATEST, lambda f: f.write(folder.name + "\n"), binary=False)
 
 
-# --- driver side: reading -------------------------------------------------------------------------------------
+# --- reading and resolving (the driver) -------------------------------------------------------------------------------------
 
 
 def is_complete(folder: Path) -> bool:
@@ -509,176 +402,6 @@ def resolve_resume(
     if reason is not None:
         raise ValueError(f"trainer.resume {resume!r}: the checkpoint is damaged: {reason}")
     return folder
-
-
-# --- owning a folder ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Owner:
-    """Who holds a checkpoint folder: the RLJob (``uid`` None outside Kubernetes) and this run of it."""
-
-    uid: str | None
-    rljob: str
-    run_id: str
-    host: str = ""
-    pid: int = 0
-    since: str = ""
-
-    def describe(self) -> str:
-        where = f", pid {self.pid} on {self.host} since {self.since}" if self.pid else ""
-        return f"run {self.run_id or '?'} of RLJob {self.rljob or '?'} (uid {self.uid or 'none: a local run'}{where})"
-
-
-class FolderLock:
-    """A run's hold on its checkpoint folder (the lock on ``owner.lock``): until :meth:`release` or the process
-    ends, however it ends (the kernel, or the NFS server, drops a dead process's lock)."""
-
-    def __init__(self, fd: int, folder: Path) -> None:
-        self.fd: int | None = fd
-        self.folder = folder
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing the file drops its POSIX lock
-            self.fd = None
-
-
-def read_owner(checkpoint_dir: Path) -> Owner | None:
-    """The folder's recorded owner: ``owner.json``, or for a folder written before it existed the uid in its
-    newest manifest; None for a folder no run has used."""
-    try:
-        recorded = json.loads((checkpoint_dir / OWNER).read_text())
-        return Owner(**{k: recorded.get(k) for k in Owner.__dataclass_fields__})
-    except FileNotFoundError:
-        pass
-    except (OSError, ValueError, TypeError) as exc:
-        log.warning("%s unreadable (%s): judging the folder by its checkpoints", checkpoint_dir / OWNER, exc)
-    sealed = list_checkpoints(checkpoint_dir)
-    if not sealed:
-        return None
-    try:
-        uid = read_manifest(sealed[-1][1]).get("uid")
-    except (OSError, ValueError):
-        return None
-    return Owner(uid=uid, rljob=str(read_state_or_empty(sealed[-1][1]).get("rljob") or ""), run_id="")
-
-
-def read_state_or_empty(folder: Path) -> dict[str, Any]:
-    try:
-        return read_state(folder)
-    except (OSError, ValueError):
-        return {}
-
-
-def take_folder(checkpoint_dir: str | Path, owner: Owner, *, wait_seconds: float, adopt: bool = False) -> FolderLock:
-    """Lock ``checkpoint_dir`` for ``owner`` before anything in it is deleted or written, and record the owner.
-
-    Another run holding the lock (a second trainer on the folder, or the previous attempt still saving after a stop)
-    is waited for up to ``wait_seconds``, then refused naming it. A folder whose checkpoints are another RLJob's is
-    refused unless ``adopt`` (``trainer.resume`` names a checkpoint in it: starting from it was asked for).
-    Raises :class:`CheckpointFolderInUse`, or :class:`CheckpointStorageError` when the folder cannot be made."""
-    root = Path(checkpoint_dir)
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(root / OWNER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise CheckpointStorageError(unwritable(root, exc)) from exc
-    deadline = time.monotonic() + wait_seconds
-    while True:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                os.close(fd)
-                raise CheckpointStorageError(unwritable(root, exc)) from exc
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                holder = read_owner(root)
-                raise CheckpointFolderInUse(
-                    f"trainer.checkpointDir {root} is in use by "
-                    f"{holder.describe() if holder else 'another process'} (waited {wait_seconds:g} s for it): two "
-                    "trainers in one folder delete each other's unfinished checkpoints; stop the other run, or give "
-                    "this one its own trainer.checkpointDir"
-                ) from None
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-    lock = FolderLock(fd, root)
-    previous = read_owner(root)
-    if previous is not None and previous.uid != owner.uid and not adopt:
-        lock.release()
-        newest = find_latest(root)
-        raise CheckpointFolderInUse(
-            f"trainer.checkpointDir {root} holds the checkpoints of {previous.describe()}, not of this RLJob (uid "
-            f"{owner.uid or 'none: a local run'}): a run deletes unfinished and old checkpoints in its folder, so "
-            "it does not take another job's; give this RLJob its own checkpointDir (on a claim a relative one is "
-            "per RLJob), or set trainer.resume to one of its global_step_N folders to start from it"
-            + (f" (the newest is {newest})" if newest else "")
-        )
-    try:
-        write_json(root / OWNER, asdict(owner))
-    except OSError as exc:
-        lock.release()
-        raise CheckpointStorageError(unwritable(root, exc)) from exc
-    return lock
-
-
-# --- storage --------------------------------------------------------------------------------------------------
-
-
-def size_text(num_bytes: float) -> str:
-    """``num_bytes`` for people: 312.5 KiB, 5.6 GiB."""
-    if num_bytes < 1024:
-        return f"{int(num_bytes)} B"
-    units = ("KiB", "MiB", "GiB")
-    power = min(len(units), int(math.log(num_bytes, 1024)))
-    return f"{num_bytes / 1024**power:.1f} {units[power - 1]}"
-
-
-FULL_HINT = "give the claim more space (storage.claim.size), lower trainer.maxCheckpoints, or delete old checkpoints"
-
-
-def unwritable(root: Path, exc: OSError) -> str:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"trainer.checkpointDir {root} is full ({exc.strerror}): {FULL_HINT}"
-    return (
-        f"trainer.checkpointDir {root} cannot be written: {exc.strerror or exc} ({exc.filename or root}); mount a "
-        "writable volume there (storage.claim, or a cluster.volumes entry that is not read-only) or choose another "
-        "checkpointDir"
-    )
-
-
-def checkpoint_size(checkpoint_dir: Path) -> int | None:
-    """Bytes of one checkpoint as the newest sealed one in ``checkpoint_dir`` measures; None when there is none."""
-    for _, folder in reversed(list_checkpoints(checkpoint_dir)):
-        try:
-            return sum(int(f["size"]) for f in read_manifest(folder)["files"].values())
-        except (OSError, ValueError, KeyError):
-            continue
-    return None
-
-
-def storage_problem(checkpoint_dir: str | Path, checkpoint_bytes: int, *, keep: int = 0) -> str | None:
-    """What keeps ``checkpoint_dir`` from taking the next checkpoint (and, with ``keep``, the ``keep`` it keeps
-    meanwhile: the newest is written before rotation deletes the oldest); None when nothing does. Writes and
-    deletes a probe file."""
-    root = Path(checkpoint_dir)
-    probe = root / f".write-probe-{os.getpid()}"
-    try:
-        write_atomic(probe, lambda f: f.write(bytes(4096)))
-        probe.unlink()
-    except OSError as exc:
-        return unwritable(root, exc)
-    held = len(list_checkpoints(root))
-    needed = max(1, keep + 1 - held) * checkpoint_bytes
-    free = shutil.disk_usage(root).free
-    if free >= needed:
-        return None
-    kept = f"trainer.maxCheckpoints = {keep} kept ({held} here now) and the next" if keep else "the next checkpoint"
-    return (
-        f"trainer.checkpointDir {root} has {size_text(free)} free, but {kept} need {size_text(needed)} more at "
-        f"~{size_text(checkpoint_bytes)} per checkpoint: {FULL_HINT}"
-    )
 
 
 def rotate(checkpoint_dir: str | Path, max_checkpoints: int | None) -> list[Path]:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from kuberl.api import InvalidSpec
 from kuberl.api.contract import timestamp
 from kuberl.api.status import Failure, FailureClass
-from kuberl.trainer.checkpoint.files import CheckpointMismatch, CheckpointStorageError
+from kuberl.trainer.checkpoint.files import CheckpointMismatch
+from kuberl.trainer.checkpoint.folder import CheckpointStorageError
 from kuberl.trainer.data.prompts import DataError
 from kuberl.trainer.data.sources import SourceError
 from kuberl.trainer.model.loading import ModelNotFoundError

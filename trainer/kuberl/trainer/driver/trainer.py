@@ -20,7 +20,8 @@ import torch
 
 from kuberl.api import RLJobSpec, plan_batches
 from kuberl.api.contract import EXIT_INTERRUPTED, EXIT_STOPPED
-from kuberl.trainer.checkpoint.checkpointer import Checkpointer, CheckpointFolder
+from kuberl.trainer.checkpoint.checkpointer import Checkpointer
+from kuberl.trainer.checkpoint.folder import CheckpointFolder
 from kuberl.trainer.data.prompts import RunPrompts
 from kuberl.trainer.driver.cluster import Cluster
 from kuberl.trainer.experience.batch import Experience

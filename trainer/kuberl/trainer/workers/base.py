@@ -237,13 +237,13 @@ class DistributedWorker:
     # --- checkpoints ---
 
     def save_checkpoint(self, folder: str) -> None:
-        from kuberl.trainer.checkpoint.files import save_sharded
+        from kuberl.trainer.checkpoint.shards import save_sharded
 
         save_sharded(folder, rank=self.rank, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
 
     def load_checkpoint(self, folder: str, step: int) -> None:
         """``step``: the step the checkpoint was saved at (the version of the weights it holds)."""
-        from kuberl.trainer.checkpoint.files import load_sharded
+        from kuberl.trainer.checkpoint.shards import load_sharded
 
         load_sharded(folder, rank=self.rank, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
 
