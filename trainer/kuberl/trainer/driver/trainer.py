@@ -11,14 +11,13 @@ status go out through :class:`~kuberl.trainer.observe.reporting.Reporting`.
 from __future__ import annotations
 
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from kuberl.api import RLJobSpec, plan_batches
+from kuberl.api import RLJobSpec
 from kuberl.api.contract import EXIT_INTERRUPTED, EXIT_STOPPED
 from kuberl.trainer.checkpoint.checkpointer import Checkpointer
 from kuberl.trainer.checkpoint.folder import CheckpointFolder
@@ -29,8 +28,8 @@ from kuberl.trainer.experience.scoring import Scorer
 from kuberl.trainer.experience.stage import ExperienceStage
 from kuberl.trainer.model.loading import load_tokenizer
 from kuberl.trainer.observe.metrics import Timer
-from kuberl.trainer.observe.reporting import Reporting, write
-from kuberl.trainer.plan.execution import plan_execution, token_budget_line
+from kuberl.trainer.observe.reporting import Reporting, progress_bar, write
+from kuberl.trainer.plan.execution import describe_run, plan_execution, token_budget_line
 from kuberl.trainer.workers.base import reduce_update_metrics
 from kuberl.trainer.workers.group import WorkerGroup
 
@@ -75,14 +74,7 @@ class Trainer:
         self.prompts = RunPrompts.load(spec.data, tokenizer, batch_size=spec.batch.train_batch_size)
         loader = self.prompts.loader
         self.total_steps = self.steps_override or spec.trainer.total_steps or spec.trainer.total_epochs * len(loader)
-        p = plan_batches(spec)  # what the spec alone decides; the execution plan adds the cluster's part below
-        write(
-            f"RLJob {self.name}: {p.trainer_gpus} {spec.cluster.device} trainer rank(s), "
-            f"{p.responses_per_step} responses/step, {p.optimizer_steps_per_step} optimizer step(s)/step, "
-            f"micro-batch {p.micro_batch_size_per_gpu or 'by token budget'}"
-            f"{f' × {p.gradient_accumulation_steps} accumulated' if p.gradient_accumulation_steps else ''}; "
-            f"{self.total_steps} steps, {self.prompts.summary()}"
-        )
+        write(describe_run(self.name, spec, self.total_steps, self.prompts.summary()))
         self.folder = CheckpointFolder(spec, rljob=self.name)
         self.folder.take()  # before Ray starts: a folder this run cannot own or write fails at once
         self.scorer = Scorer(spec, tokenizer=tokenizer)  # a reward function that does not load fails before Ray starts
@@ -129,20 +121,10 @@ class Trainer:
     # --- the loop --------------------------------------------------------------------------------------------
 
     def fit(self) -> int:
-        from tqdm import tqdm
-
         spec = self.spec.trainer
         validation = self.prompts.validation
         previous = {signum: signal.signal(signum, self._on_stop_signal) for signum in STOP_SIGNALS}
-        bar = tqdm(
-            total=self.total_steps,
-            initial=self.global_step,
-            desc=self.name,
-            unit="step",
-            disable=not (self.show_progress and sys.stderr.isatty()),  # in a log file it interleaves with steps
-            file=sys.stderr,
-            dynamic_ncols=True,
-        )
+        bar = progress_bar(self.name, total=self.total_steps, initial=self.global_step, show=self.show_progress)
         try:
             if spec.val_before_train and validation and self.global_step == 0:
                 self.reporting.log(0, self.experience.validate(validation))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from kuberl.api import RLJobSpec
 from kuberl.api.status import Progress
@@ -18,6 +19,21 @@ def write(line: str) -> None:
     from tqdm import tqdm
 
     tqdm.write(line, file=sys.stdout)
+
+
+def progress_bar(name: str, *, total: int, initial: int, show: bool) -> Any:
+    """The run's step bar on stderr; shown only on a terminal (in a log file it interleaves with the steps)."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=name,
+        unit="step",
+        disable=not (show and sys.stderr.isatty()),
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
 
 
 class Reporting:

@@ -212,6 +212,18 @@ def checked_token_budget(spec: RLJobSpec, layout: RolloutLayout, gpu: GPU | None
     return plan.token_budget
 
 
+def describe_run(name: str, spec: RLJobSpec, total_steps: int, data: str) -> str:
+    """The run's first line: its ranks, rows and micro-batching as the spec decides them (:func:`plan_batches`),
+    its steps, and ``data`` (what :meth:`~kuberl.trainer.data.prompts.RunPrompts.summary` says of the prompts)."""
+    p = plan_batches(spec)
+    accumulated = f" × {p.gradient_accumulation_steps} accumulated" if p.gradient_accumulation_steps else ""
+    return (
+        f"RLJob {name}: {p.trainer_gpus} {spec.cluster.device} trainer rank(s), {p.responses_per_step} responses/step, "
+        f"{p.optimizer_steps_per_step} optimizer step(s)/step, micro-batch "
+        f"{p.micro_batch_size_per_gpu or 'by token budget'}{accumulated}; {total_steps} steps, {data}"
+    )
+
+
 def token_budget_line(spec: RLJobSpec, plan: ExecutionPlan, gpu: GPU | None) -> str | None:
     """What the run says about the micro-batch token budget the plan chose because the spec left it out."""
     budget = plan.actor_update.max_tokens
