@@ -16,15 +16,14 @@ Layout under ``trainer.checkpointDir``::
 
 and beside the step folders ``owner.json`` (the RLJob uid and run that own the folder) and ``owner.lock``.
 
-One run owns a folder at a time: :func:`kuberl.trainer.checkpoint.folder.take_folder` locks ``owner.lock`` (``fcntl`` POSIX lock, released when the
-process ends however it ends, and honoured over NFSv4) before anything in the folder is deleted or written, and
-refuses a folder another RLJob's checkpoints are in. Writes are atomic: a file goes to a temporary name, is fsynced
-and renamed; a DCP folder is written under a temporary name and renamed once every rank has finished. A checkpoint
-without ``manifest.json`` is incomplete (the writer died): resume deletes it. A checkpoint is complete only when its
-manifest lists every file of a checkpoint (the driver's state and RNG; each role's model, optimizer and scheduler)
-and every listed file matches; resume takes the newest complete one and falls back to the previous one (reported to
-the caller, which tells the user) when the newest is not. Rotation never deletes the newest checkpoint that
-verifies. Nothing is loaded with ``weights_only=False``.
+One run owns a folder at a time (:mod:`kuberl.trainer.checkpoint.folder`: the lock on ``owner.lock``, taken before
+anything in the folder is deleted or written; a folder with another RLJob's checkpoints is refused). Writes are
+atomic: a file goes to a temporary name, is fsynced and renamed; a DCP folder is written under a temporary name and
+renamed once every rank has finished. A checkpoint without ``manifest.json`` is incomplete (the writer died): resume
+deletes it. A checkpoint is complete only when its manifest lists every file of a checkpoint (the driver's state and
+RNG; each role's model, optimizer and scheduler) and every listed file matches; resume takes the newest complete one
+and falls back to the previous one (reported to the caller, which tells the user) when the newest is not. Rotation
+never deletes the newest checkpoint that verifies. Nothing is loaded with ``weights_only=False``.
 """
 
 from __future__ import annotations
@@ -186,7 +185,7 @@ def load_rng(path: Path) -> None:
     set_rng_state(torch.load(path, map_location="cpu", weights_only=True))
 
 
-# --- sealing (the driver) -------------------------------------------------------------------------------------
+# --- sealing (the driver) --------------------------------------------------------------------------------------
 
 
 def prepare(checkpoint_dir: str | Path, step: int) -> Path:
@@ -239,7 +238,7 @@ def mark_latest(checkpoint_dir: str | Path, folder: Path) -> None:
     write_atomic(Path(checkpoint_dir) / LATEST, lambda f: f.write(folder.name + "\n"), binary=False)
 
 
-# --- reading and resolving (the driver) -------------------------------------------------------------------------------------
+# --- reading and resolving (the driver) ------------------------------------------------------------------------
 
 
 def is_complete(folder: Path) -> bool:
@@ -381,7 +380,7 @@ def resolve_resume(
     no identity check (naming a path is the explicit way to start from another run's checkpoint) — unless this
     job has since saved a newer checkpoint of its own in ``checkpoint_dir`` (an earlier attempt started from the
     path): a named path is used once, a retry continues where the job got to. Call it holding the folder's lock
-    (:func:`take_folder`): it deletes unfinished step folders."""
+    (:func:`kuberl.trainer.checkpoint.folder.take_folder`): it deletes unfinished step folders."""
     if resume == "disable":
         return None
     remove_incomplete(checkpoint_dir)

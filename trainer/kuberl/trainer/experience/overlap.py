@@ -56,7 +56,8 @@ class AheadGeneration:
     """At most one batch generated ahead: :meth:`submit` starts it in the background, :meth:`wait` returns it."""
 
     def __init__(self, collect: Callable[[list[Prompt], Timer], Scored]) -> None:
-        """``collect``: generation and reward of one prompt batch (:meth:`kuberl.trainer.experience.rounds.Rounds.collect`)."""
+        """``collect``: generation and reward of one prompt batch
+        (:meth:`kuberl.trainer.experience.rounds.Rounds.collect`)."""
         self.collect = collect
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kuberl-generate-ahead")
         self.in_flight: Future[Generated] | None = None

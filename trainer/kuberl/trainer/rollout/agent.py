@@ -6,8 +6,8 @@ The loop (``rollout.agent``, docs/agentic.md), batched per turn over the traject
    rollout (``hf`` or ``vllm``, colocated or separate), at most the trajectory's remaining token budget;
 2. a turn ends at eos or right after the first complete tool call (vLLM stops there by stop string; ``hf`` generates
    on and the loop cuts the turn at the call's last token);
-3. run every call of the turn in the tool worker pool (:mod:`kuberl.trainer.rollout.tools`: other processes, with timeouts
-   and a memory limit), concurrently; errors and timeouts become observations that name the call;
+3. run every call of the turn in the tool worker pool (:mod:`kuberl.trainer.rollout.tools`: other processes, with
+   timeouts and a memory limit), concurrently; errors and timeouts become observations that name the call;
 4. append each observation as a tool turn (the chat template's tool role, or a plain ``<tool_response>`` block),
    masked out of the loss;
 5. stop a trajectory at a turn without a call, after ``maxTurns`` policy turns, or when ``data.maxResponseLength``
