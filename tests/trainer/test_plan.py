@@ -116,6 +116,25 @@ def test_the_run_takes_the_token_budget_its_plan_chooses_for_the_gpu(tmp_path: P
     assert plan_execution(spec).actor_update.max_tokens == 16384  # no GPU known
 
 
+def test_the_run_says_which_token_budget_its_plan_chose_when_the_spec_leaves_it_out(tmp_path: Path) -> None:
+    from kuberl.api.memory import gpu_named
+    from kuberl.trainer.plan.execution import plan_execution, token_budget_line
+
+    h100 = gpu_named("H100-80GB")
+    spec = _dynamic(tmp_path, enabled=True)
+    fitted = plan_execution(spec, ClusterFacts(gpus=1, gpu=h100))
+    assert token_budget_line(spec, fitted, h100) == (
+        f"micro-batch token budget {fitted.actor_update.max_tokens}: the largest the memory plan fits on {h100.name} "
+        "(batch.dynamicBatchSize.maxTokenLenPerGPU left out)"
+    )
+    assert token_budget_line(spec, plan_execution(spec), None) == (
+        "micro-batch token budget 16384: the GPU is unknown, the default (batch.dynamicBatchSize.maxTokenLenPerGPU "
+        "left out)"
+    )
+    chosen = _dynamic(tmp_path, enabled=True, maxTokenLenPerGPU=8192)
+    assert token_budget_line(chosen, plan_execution(chosen, ClusterFacts(gpus=1, gpu=h100)), h100) is None
+
+
 def test_a_run_whose_plan_does_not_fit_its_gpu_is_refused_with_the_plan(tmp_path: Path) -> None:
     from kuberl.api.memory import gpu_named
     from kuberl.trainer.plan.execution import plan_execution
