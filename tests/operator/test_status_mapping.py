@@ -6,6 +6,7 @@ import pytest
 
 from kuberl.api.status import RLJobStatus
 from kuberl.operator.status import (
+    EVENT_MESSAGE_BYTES,
     camel_reason,
     get_condition,
     invalid_status,
@@ -274,3 +275,13 @@ def test_valid_condition_is_kept_through_rayjob_updates() -> None:
 )
 def test_condition_reasons_are_camel_case(text: str, reason: str) -> None:
     assert camel_reason(text) == reason
+
+
+def test_a_refusals_event_keeps_its_head_within_the_apiservers_bytes_not_characters() -> None:
+    plan = "RLJob does not fit one H100-80GB: maxTokenLenPerGPU: 19456 fits\n" + "  1 × H100-80GB\n" * 100
+    assert len(plan) < 2000 and len(plan.encode()) > len(plan)  # "×" takes two bytes
+    _, events = invalid_status({}, [plan], now=T0)
+    (event,) = events
+    assert len(event.message.encode()) <= EVENT_MESSAGE_BYTES
+    assert event.message.startswith("RLJob does not fit one H100-80GB: maxTokenLenPerGPU: 19456 fits")
+    assert event.message.endswith("(cut; the RLJob's conditions have all of it)")

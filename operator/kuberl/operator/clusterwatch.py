@@ -59,7 +59,7 @@ class ClusterReads:
             },
             "type": event.type,
             "reason": event.reason,
-            "message": event.message[:1024],
+            "message": event.message,
             "source": {"component": EVENT_COMPONENT},
             "reportingComponent": EVENT_COMPONENT,
             "reportingInstance": EVENT_COMPONENT,

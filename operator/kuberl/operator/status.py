@@ -58,13 +58,30 @@ STALL_DEADLINE = "StallDeadlineExceeded"  # no progress for runPolicy.stallDeadl
 ENDED_BY_OPERATOR = frozenset({PERMANENT_FAILURE, STALL_DEADLINE})
 
 
+EVENT_MESSAGE_BYTES = 1024
+"""The apiserver's bound on an Event's message, in bytes of UTF-8. kopf cuts a message at 1024 characters, so one
+with non-ASCII characters (a memory plan's "×") was refused whole (422) and the Event lost."""
+EVENT_CUT_NOTE = " … (cut; the RLJob's conditions have all of it)"
+
+
+def event_message(text: str) -> str:
+    """`text` within EVENT_MESSAGE_BYTES: its head (a refusal's verdict and fixes come first) and a note."""
+    if len(text.encode()) <= EVENT_MESSAGE_BYTES:
+        return text
+    room = EVENT_MESSAGE_BYTES - len(EVENT_CUT_NOTE.encode())
+    return text.encode()[:room].decode(errors="ignore") + EVENT_CUT_NOTE
+
+
 @dataclass(frozen=True)
 class Event:
-    """A Kubernetes Event to post on the RLJob."""
+    """A Kubernetes Event to post on the RLJob; its message bounded as the apiserver bounds it."""
 
     type: str  # Normal | Warning
     reason: str
     message: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "message", event_message(self.message))
 
 
 def camel_reason(text: str, default: str = "Unknown") -> str:
