@@ -1,5 +1,6 @@
 """Real trainer processes meeting checkpoint faults (issue 38): a second trainer on a folder in use, a read-only
-and a full filesystem, a resume the changed spec refuses, a finished run started again. What a retry would meet
+and a full filesystem, a resume the changed spec refuses, a finished run started again (its last lines and its
+export too: one finished run serves them all). What a retry would meet
 again ends the entrypoint with EXIT_PERMANENT, naming the folder and what to do."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import yaml
 from kuberl.api.contract import EXIT_PERMANENT, EXIT_STOPPED
 from kuberl.trainer.checkpoint import files as ckpt
 from kuberl.trainer.checkpoint import folder as ckpt_folder
-from tests.trainer.kuberl_cli import REPO, cli_env, kuberl_run, run_command, start_in_session, tiny_job
+from tests.trainer.kuberl_cli import REPO, cli_env, run_command, start_in_session, tiny_job
 
 
 def job(checkpoint_dir: Path, **trainer: Any) -> dict[str, Any]:
@@ -120,19 +121,36 @@ def test_a_disk_that_fills_during_the_run_exits_permanent_at_the_save(tmp_path: 
     assert f"trainer.checkpointDir {folder} " in output and "storage.claim.size" in output
 
 
+def run_to_files(spec_file: Path, run_dir: Path, logs: Path) -> tuple[int, str, str]:
+    """`kuberl run` with its stdout and stderr in files, as in a pod or `> log 2>&1` (no --no-progress: the bar must
+    stay out of a file by itself); returns the exit code, stdout and stderr."""
+    command = [sys.executable, "-m", "kuberl.cli", "run", str(spec_file), "--run-dir", str(run_dir)]
+    out, err = logs.with_suffix(".out"), logs.with_suffix(".err")
+    with out.open("w") as stdout, err.open("w") as stderr:
+        code = subprocess.run(command, cwd=REPO, env=cli_env(), stdout=stdout, stderr=stderr, timeout=400).returncode
+    return code, out.read_text(), err.read_text()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_finished_run_says_it_trained_nothing_and_a_changed_batch_is_refused_for_good(tmp_path: Path) -> None:
-    folder = tmp_path / "ckpt"
-    finished = kuberl_run(write(tmp_path / "job.yaml", job(folder, totalSteps=2)), tmp_path / "run", timeout=400)
-    assert finished.returncode == 0, finished.stderr[-3000:]
-    assert "2 steps in" in finished.stdout and "now at step 2 of 2" in finished.stdout
+def test_a_finished_run_says_it_trained_nothing_a_changed_batch_is_refused_for_good_and_export_writes_a_card(
+    tmp_path: Path,
+) -> None:
+    """One finished run, started again three ways: the last lines a user reads (steps trained, where the policy
+    goes), a resume that has nothing left to train, a resume the changed batch refuses, and `kuberl export`."""
+    folder, run_dir = tmp_path / "ckpt", tmp_path / "run"
+    code, finished, err = run_to_files(write(tmp_path / "job.yaml", job(folder, totalSteps=2)), run_dir, tmp_path / "1")
+    assert code == 0, err[-3000:]
+    assert "\r" not in err and "step/s" not in err  # no tqdm bar in a file
+    assert "run faults: 2 steps in" in finished and "now at step 2 of 2" in finished
+    assert f"kuberl export {run_dir} hf/faults" in finished
 
     new_lr = job(folder, totalSteps=2)
     new_lr["spec"]["actor"] = {"optim": {"lr": 1e-3}}
-    again = kuberl_run(write(tmp_path / "lr.yaml", new_lr), tmp_path / "run", timeout=400)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "nothing to train: resumed at step 2, which is trainer.totalSteps (2)" in again.stdout
+    code, again, err = run_to_files(write(tmp_path / "lr.yaml", new_lr), run_dir, tmp_path / "2")
+    assert code == 0, err[-3000:]
+    assert "\r" not in err and "step/s" not in err
+    assert "nothing to train: resumed at step 2, which is trainer.totalSteps (2)" in again
 
     batch = job(folder, totalSteps=4)
     batch["spec"]["batch"]["ppoMicroBatchSizePerGPU"] = 4
@@ -141,3 +159,10 @@ def test_a_finished_run_says_it_trained_nothing_and_a_changed_batch_is_refused_f
     assert "error: CheckpointMismatch: trainer.checkpointDir" in refused.stderr
     assert "different spec.model/data/algorithm/batch" in refused.stderr
     assert refused.returncode != EXIT_STOPPED
+
+    export = [sys.executable, "-m", "kuberl.cli", "export", str(run_dir), str(tmp_path / "hf")]
+    result = subprocess.run(export, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers\n")
+    assert "# faults, step 2" in card and "| advantage estimator | grpo |" in card
