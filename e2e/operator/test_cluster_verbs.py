@@ -68,9 +68,11 @@ def head_pods(k: Kube, name: str) -> list[client.V1Pod]:
     return [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
 
 
-def driver_log(claims: Path, name: str) -> Path:
-    """The claim folder's driver log: storage.claim's `<name>-checkpoints`, checkpointDir `checkpoints`."""
-    path = claims / f"{name}-checkpoints" / "checkpoints" / DRIVER_LOG
+def driver_log(claims: Path, k: Kube, name: str) -> Path:
+    """The claim folder's driver log: storage.claim's `<name>-checkpoints`, the RLJob's own `<name>-<uid>` folder
+    there, checkpointDir `checkpoints`."""
+    uid = k.rljob(name)["metadata"]["uid"]
+    path = claims / f"{name}-checkpoints" / f"{name}-{uid}" / "checkpoints" / DRIVER_LOG
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -153,7 +155,7 @@ def test_logs_read_the_driver_log_on_the_claim_also_after_the_head_pod_restarted
     cluster: Cluster, operator: OperatorProcess, kuberay: KubeRay, k: Kube, pod_logs: PodLogs, tmp_path: Path
 ) -> None:
     submitted(cluster, k, tmp_path, "logged")
-    log = driver_log(pod_logs.claims, "logged")
+    log = driver_log(pod_logs.claims, k, "logged")
     log.write_text("=== attempt 1\nstep 1/12 reward 0.10\nstep 2/12 reward 0.12\n")
     result = kuberl(cluster, k.ns, "logs", "logged")
     assert result.returncode == 0, result.stderr
@@ -176,7 +178,7 @@ def test_logs_follow_streams_new_lines_until_interrupted_and_removes_its_reader(
     cluster: Cluster, operator: OperatorProcess, kuberay: KubeRay, k: Kube, pod_logs: PodLogs, tmp_path: Path
 ) -> None:
     submitted(cluster, k, tmp_path, "followed")
-    log = driver_log(pod_logs.claims, "followed")
+    log = driver_log(pod_logs.claims, k, "followed")
     log.write_text("step 1/12\n")
     command = [sys.executable, "-m", "kuberl.cli", "logs", "followed", "-f", "--kubeconfig", str(cluster.kubeconfig)]
     process = subprocess.Popen([*command, "-n", k.ns], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
