@@ -27,8 +27,10 @@ fi
 
 bash scripts/lint.sh
 
+# Every run keeps its per-test durations (runs/ci/pytest.xml, JUnit) and prints the 30 slowest: where CI's
+# time goes is read from its own machine (docs/testing.md, "What CI runs").
 set +e
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest --durations=30 --junitxml=runs/ci/pytest.xml "$@"
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then
