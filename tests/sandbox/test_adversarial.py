@@ -41,6 +41,15 @@ def test_sleeping_past_the_wall_clock_is_killed_at_the_limit(jail: Jail) -> None
     assert_still_serves(executor)
 
 
+def test_after_a_run_past_its_time_the_execution_skips_every_later_run(jail: Jail) -> None:
+    executor = jail(wall_seconds=1)
+    result = executor.execute(
+        Execution("import time\ntime.sleep(int(input()))\n", tuple(Run(f"{s}\n") for s in (0, 9, 0, 0)))
+    )
+    assert [r.outcome for r in result.runs] == [Outcome.OK, Outcome.WALL_TIMEOUT, Outcome.SKIPPED, Outcome.SKIPPED]
+    assert_still_serves(executor)
+
+
 def test_a_fork_bomb_is_held_to_the_process_limit_and_leaves_nothing_behind(jail: Jail, namespace_mode: Mode) -> None:
     executor = jail(wall_seconds=2, processes=8)
     result = run(executor, FORK_BOMB)

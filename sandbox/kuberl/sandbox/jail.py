@@ -131,7 +131,7 @@ def confine(confinement: Confinement, limits: Limits, execution: Execution) -> E
 def supervise(confinement: Confinement, limits: Limits, execution: Execution) -> ExecutionResult:
     results: list[RunResult] = []
     for run in execution.runs:
-        if results and results[-1].outcome in TIME_LIMITS:
+        if any(result.outcome in TIME_LIMITS for result in results):
             results.append(RunResult(Outcome.SKIPPED))
             continue
         _fresh_workdir(confinement, execution.code)
