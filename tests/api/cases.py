@@ -801,6 +801,20 @@ INVALID_CASES += [
         "reward.sandbox runs",
     ),
     _case(
+        "code-tests-without-sandbox",
+        "spec.reward.sandbox",
+        "sandboxed-reward-needs-pool",
+        _set("spec.reward", {"function": "code_tests_all_pass"}),
+        "reward.function code_tests_all_pass runs the responses' programs",
+    ),
+    _case(
+        "python-tool-without-sandbox",
+        "spec.rollout.agent.sandbox",
+        "sandboxed-tool-needs-pool",
+        _set("spec.rollout.agent", {"tools": [{"name": "calculator"}, {"name": "run", "function": "python"}]}),
+        "rollout.agent.tools run runs the policy's programs",
+    ),
+    _case(
         "sandbox-network-egress",
         "spec.reward.sandbox.network",
         "schema",

@@ -18,7 +18,7 @@ from typing import Literal
 
 from kuberl.api.contract import CHECKPOINT_MOUNT, MAX_NAME_LENGTH
 from kuberl.api.engines import ENGINE_SETS, ENGINES, engines_where
-from kuberl.api.spec import AGENT_BUILTIN_TOOLS, NodePool, SpecModel
+from kuberl.api.spec import AGENT_BUILTIN_TOOLS, SANDBOXED_REWARDS, SANDBOXED_TOOLS, NodePool, SpecModel
 from kuberl.api.status import ACTIVE_PHASES
 
 MACROS: dict[str, str] = {
@@ -34,6 +34,8 @@ MACROS: dict[str, str] = {
     "SEQ_LEN": "(self.data.maxPromptLength + self.data.maxResponseLength)",
     "ACTIVE_PHASES": "[" + ", ".join(f"'{p}'" for p in sorted(ACTIVE_PHASES)) + "]",
     "AGENT_BUILTIN_TOOLS": "[" + ", ".join(f"'{t}'" for t in AGENT_BUILTIN_TOOLS) + "]",
+    "SANDBOXED_REWARDS": "[" + ", ".join(f"'{t}'" for t in SANDBOXED_REWARDS) + "]",
+    "SANDBOXED_TOOLS": "[" + ", ".join(f"'{t}'" for t in SANDBOXED_TOOLS) + "]",
     # environment variable names that hold credentials (matched case-insensitively, anywhere in the name)
     "CREDENTIAL_NAME": "'(?i)(PASSWORD|PASSWD|SECRET|TOKEN|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL)'",
     # checkpoint storage: pods of the RayJob (the head, the trainer pool, a separate rollout pool)
@@ -737,8 +739,8 @@ RULES: tuple[Rule, ...] = (
         # exceeds the apiserver's cost budget
         rule="!has(self.rollout.agent) || self.rollout.agent.tools.all(t, has(t.function) || t.name in AGENT_BUILTIN_TOOLS)",
         message="rollout.agent.tools ${self.rollout.agent.tools.filter(t, !has(t.function) && !(t.name in "
-        "AGENT_BUILTIN_TOOLS))[0].name} has no function and is not a builtin (calculator, python_expr): set function "
-        "to a builtin or 'module:function' / 'file.py:function'",
+        "AGENT_BUILTIN_TOOLS))[0].name} has no function and is not a builtin (calculator, python_expr, python): set "
+        "function to a builtin or 'module:function' / 'file.py:function'",
         verl="ours",
     ),
     # --- rewards and numerics (issue 14) ---
@@ -765,6 +767,24 @@ RULES: tuple[Rule, ...] = (
         rule="!has(self.reward.sandbox) || !has(self.reward.model)",
         message="reward.sandbox runs the policy's programs for a reward function, but reward.model scores with a "
         "model; remove one of them",
+        verl="ours",
+    ),
+    Rule(
+        id="sandboxed-reward-needs-pool",
+        field="reward.sandbox",
+        rule="!(self.reward.function in SANDBOXED_REWARDS) || has(self.reward.sandbox)",
+        message="reward.function ${self.reward.function} runs the responses' programs in the job's sandbox pool, but "
+        "reward.sandbox is not set: add it (reward.sandbox: {replicas: 1})",
+        verl="ours",
+    ),
+    Rule(
+        id="sandboxed-tool-needs-pool",
+        field="rollout.agent.sandbox",
+        rule="!has(self.rollout.agent) || has(self.rollout.agent.sandbox) || !self.rollout.agent.tools.exists(t, "
+        "(has(t.function) ? t.function : t.name) in SANDBOXED_TOOLS)",
+        message="rollout.agent.tools ${self.rollout.agent.tools.filter(t, (has(t.function) ? t.function : t.name) in "
+        "SANDBOXED_TOOLS)[0].name} runs the policy's programs in the job's sandbox pool, but rollout.agent.sandbox is "
+        "not set: add it (rollout.agent.sandbox: {replicas: 1})",
         verl="ours",
     ),
     Rule(

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
+from kuberl.api.contract import SANDBOX_REWARD, SANDBOX_TOOLS
 from kuberl.api.engines import BUILTIN_ENGINES, check_engine_name
 
 # Kubernetes resource.Quantity, as the apiserver's own regular expression spells it.
@@ -347,10 +348,16 @@ class OverlongBuffer(SpecModel):
     penalty_factor: float = Field(1.0, ge=0, le=100, description="Penalty at data.maxResponseLength tokens.")
 
 
+SANDBOXED_REWARDS = ("code_tests", "code_tests_all_pass")
+"""Builtin rewards that run the response's program against the row's tests in the job's sandbox pool
+(kuberl.trainer.rewards.code_tests): they need reward.sandbox."""
+
+
 class Reward(SpecModel):
     function: Annotated[str, Field(min_length=1, max_length=256)] = Field(
         "default",
-        description='A builtin (default, gsm8k, exact_match) or "module:function" / "file.py:function" with verl\'s '
+        description="A builtin (default, gsm8k, exact_match; code_tests, code_tests_all_pass: the response's program "
+        'against the row\'s tests in reward.sandbox) or "module:function" / "file.py:function" with verl\'s '
         "signature (data_source, solution_str, ground_truth, extra_info) returning a float or a dict with score.",
     )
     model: RewardModel | None = Field(None, description="Score with a reward model instead of a function.")
@@ -437,8 +444,10 @@ class Validation(SpecModel):
 
 # --- multi-turn agent rollouts (issue 21; docs/agentic.md) --------------------------
 
-AGENT_BUILTIN_TOOLS = ("calculator", "python_expr")
+AGENT_BUILTIN_TOOLS = ("calculator", "python_expr", "python")
 """Tools the trainer ships (kuberl.trainer.rollout.tools); a tool named so needs no function."""
+SANDBOXED_TOOLS = ("python",)
+"""Builtin tools that run the policy's program in the job's sandbox pool: they need rollout.agent.sandbox."""
 
 CallablePath = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z_./~][\w./~-]*:[A-Za-z_]\w*$")]
 """``package.module:name`` or ``path/to/file.py:name``."""
@@ -460,7 +469,8 @@ class AgentTool(SpecModel):
         | None
     ) = Field(
         None,
-        description='A builtin (calculator, python_expr) or "module:function" / "file.py:function" called with the '
+        description="A builtin (calculator, python_expr, python: a program run in rollout.agent.sandbox) or "
+        '"module:function" / "file.py:function" called with the '
         "call's arguments as keywords; returns a string (or anything str() turns into one). Defaults to the builtin "
         "of the tool's name.",
     )
@@ -1003,6 +1013,15 @@ class RLJobSpec(SpecModel):
         if self.cluster.rollout is None:
             raise ValueError("rollout.placement is separate but cluster.rollout is not set")
         return self.cluster.rollout
+
+    @property
+    def sandbox_pools(self) -> dict[str, Sandbox]:
+        """The job's sandbox pools by role (SANDBOX_REWARD, SANDBOX_TOOLS): the one reading of reward.sandbox and
+        rollout.agent.sandbox, for the operator that renders them and the trainer that calls them."""
+        pools = {SANDBOX_REWARD: self.reward.sandbox}
+        if self.rollout.agent is not None:
+            pools[SANDBOX_TOOLS] = self.rollout.agent.sandbox
+        return {role: sandbox for role, sandbox in pools.items() if sandbox is not None}
 
 
 def backoff_limit(spec: RLJobSpec) -> int:

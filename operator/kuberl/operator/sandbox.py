@@ -21,7 +21,6 @@ from kuberl.api.contract import (
     SANDBOX_LABEL,
     SANDBOX_PORT,
     SANDBOX_REWARD,
-    SANDBOX_TOOLS,
     SANDBOX_WORKROOT,
     TRAINER_POOL,
     sandbox_command,
@@ -44,12 +43,7 @@ _CPU = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m?)$")
 
 def pools(spec: RLJobSpec) -> list[tuple[str, Sandbox]]:
     """(role, sandbox) of every pool the spec asks for."""
-    found = []
-    if spec.reward.sandbox is not None:
-        found.append((SANDBOX_REWARD, spec.reward.sandbox))
-    if spec.rollout.agent is not None and spec.rollout.agent.sandbox is not None:
-        found.append((SANDBOX_TOOLS, spec.rollout.agent.sandbox))
-    return found
+    return list(spec.sandbox_pools.items())
 
 
 def pool_label(role: str) -> str:
