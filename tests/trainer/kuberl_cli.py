@@ -12,8 +12,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    """This process's environment with the checkout's three package folders first on PYTHONPATH."""
-    path = [str(REPO / p) for p in ("api", "operator", "trainer")] + [os.environ.get("PYTHONPATH", "")]
+    """This process's environment with the checkout's four package folders first on PYTHONPATH."""
+    path = [str(REPO / p) for p in ("api", "operator", "sandbox", "trainer")] + [os.environ.get("PYTHONPATH", "")]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path), **extra}
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 
 from kuberl.api.spec import SandboxExecution
-from kuberl.sandbox import isolation, server
+from kuberl.sandbox import isolation, linux, server
 from kuberl.sandbox.executor import Executor
 from kuberl.sandbox.settings import limits_of
 
@@ -21,6 +23,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--executions", type=int, default=2, help="executions at once (the spec's executionsPerPod)")
     serve.add_argument("--limits", default="{}", help="the spec's sandbox.execution as JSON (camelCase)")
     serve.add_argument("--workroot", default=None, help="where the executions' directories go (default: TMPDIR)")
+    serve.add_argument(
+        "--parent",
+        type=int,
+        default=None,
+        help="the pid of the process that started this server (kuberl run): stop when it ends, even by SIGKILL",
+    )
     for command in (serve, commands.add_parser("probe", help="print what this machine lets a sandbox enforce")):
         command.add_argument(
             "--isolation",
@@ -34,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "parent", None) is not None:
+        linux.prctl(linux.PR_SET_PDEATHSIG, signal.SIGTERM)  # stop() on the parent's end
+        if os.getppid() != args.parent:  # it ended before the line above
+            return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     limits = limits_of(SandboxExecution.model_validate_json(getattr(args, "limits", "{}")))
     try:

@@ -2,16 +2,22 @@
 
 `execute_all` runs a batch with as many executions in flight as the sandbox runs at once, so a batch of 256
 responses costs about 256 / (replicas × executionsPerPod) execution times.
+
+The trainer's entrypoint announces each of the RLJob's pools to the driver and the processes it starts (the reward
+function's, the tool workers) in an environment variable (`pool_variable`, `PoolAddress`); `job_sandbox` connects to
+one. Standard library only: the tool workers import this module and must start fast.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from kuberl.sandbox.protocol import Execution, ExecutionResult
@@ -101,9 +107,51 @@ class SandboxClient:
             connection.close()
 
 
-def execute_all(sandbox: Sandbox, executions: Sequence[Execution]) -> list[ExecutionResult]:
-    """Every execution's result, in order, with `sandbox.concurrency` in flight."""
+def execute_all(
+    sandbox: Sandbox, executions: Sequence[Execution], timeout: float | None = None
+) -> list[ExecutionResult]:
+    """Every execution's result, in order, with `sandbox.concurrency` in flight; TimeoutError when they are not all
+    done within `timeout` seconds (those still waiting are not sent, those running end on their own)."""
     if not executions:
         return []
-    with ThreadPoolExecutor(max_workers=min(sandbox.concurrency, len(executions))) as pool:
-        return list(pool.map(sandbox.execute, executions))
+    pool = ThreadPoolExecutor(max_workers=min(sandbox.concurrency, len(executions)))
+    futures = [pool.submit(sandbox.execute, execution) for execution in executions]
+    done, pending = wait(futures, timeout)
+    pool.shutdown(wait=False, cancel_futures=True)
+    if pending:
+        raise TimeoutError(f"{len(done)} of {len(futures)} executions finished within {timeout:g} s")
+    return [future.result() for future in futures]
+
+
+@dataclass(frozen=True)
+class PoolAddress:
+    """Where one of the RLJob's sandbox pools answers, and how many executions it runs at once."""
+
+    address: str  # http://HOST:PORT (the pool's Service) or unix:PATH (a local server of `kuberl run`)
+    concurrency: int  # replicas × executionsPerPod
+
+
+def pool_variable(pool: str) -> str:
+    """The environment variable holding pool `pool`'s PoolAddress as JSON (pool: kuberl.api.contract.SANDBOX_REWARD
+    or SANDBOX_TOOLS)."""
+    return f"KUBERL_SANDBOX_{pool.upper()}"
+
+
+def announcement(pool: str, where: PoolAddress) -> dict[str, str]:
+    """The environment that announces `where` as pool `pool`."""
+    return {pool_variable(pool): json.dumps(asdict(where))}
+
+
+def job_sandbox(pool: str, request_seconds: float) -> SandboxClient:
+    """A client of the RLJob's pool `pool` as the trainer's entrypoint announced it; LookupError when it did not
+    (the RLJob declares no such pool)."""
+    variable = pool_variable(pool)
+    announced = os.environ.get(variable)
+    if announced is None:
+        raise LookupError(
+            f"this process has no sandbox pool {pool!r} ({variable} is not set): declare it in the RLJob "
+            "(reward.sandbox for the reward, rollout.agent.sandbox for tools) and run the job with kuberl run or on "
+            "Kubernetes, which announce it"
+        )
+    where = PoolAddress(**json.loads(announced))
+    return SandboxClient(where.address, where.concurrency, request_seconds)

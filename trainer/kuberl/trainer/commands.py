@@ -30,6 +30,14 @@ def add_commands(
     run_p.add_argument("--address", help="join this Ray cluster (ray start / Slurm) instead of starting one")
     run_p.add_argument("--run-dir", help="metrics, plots and logs (default runs/<rljob name>/)")
     run_p.add_argument("--steps", type=int, help="override trainer.totalSteps")
+    run_p.add_argument(
+        "--sandbox",
+        action="append",
+        default=[],
+        metavar="POOL=ADDRESS",
+        help="run the programs of sandbox pool POOL (reward, tools) at ADDRESS (http://HOST:PORT or unix:PATH, a "
+        "`python -m kuberl.sandbox serve`) instead of a local server started for the run",
+    )
     add_set_argument(run_p)
     run_p.add_argument("--no-progress", action="store_true", help="no progress bar (summary lines only)")
     run_p.set_defaults(func=make_handler("run"))
@@ -135,16 +143,43 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    try:
+        sandboxes = sandbox_addresses(args.sandbox, spec)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from kuberl.trainer.driver.failures import PERMANENT_ERRORS
     from kuberl.trainer.run import run_job
 
     try:
         return run_job(
-            name, spec, address=args.address, run_dir=args.run_dir, steps=args.steps, show_progress=not args.no_progress
+            name,
+            spec,
+            address=args.address,
+            run_dir=args.run_dir,
+            steps=args.steps,
+            show_progress=not args.no_progress,
+            sandboxes=sandboxes,
         )
     except PERMANENT_ERRORS as exc:  # a retry cannot fix it: the message, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 1
+
+
+def sandbox_addresses(entries: list[str], spec: RLJobSpec) -> dict[str, str]:
+    """``--sandbox POOL=ADDRESS`` entries by pool; ValueError for a malformed one or a pool the RLJob lacks."""
+    addresses = {}
+    for entry in entries:
+        pool, _, address = entry.partition("=")
+        if not address:
+            raise ValueError(f"--sandbox {entry}: write POOL=ADDRESS, e.g. reward=http://127.0.0.1:8000")
+        if pool not in spec.sandbox_pools:
+            raise ValueError(
+                f"--sandbox {entry}: the RLJob has no {pool!r} sandbox pool; its pools: "
+                f"{', '.join(spec.sandbox_pools) or 'none'} (reward.sandbox is reward, rollout.agent.sandbox is tools)"
+            )
+        addresses[pool] = address
+    return addresses
 
 
 def plan(args: argparse.Namespace) -> int:

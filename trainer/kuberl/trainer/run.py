@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from kuberl.trainer.driver.failures import classify
 from kuberl.trainer.driver.trainer import Trainer
 from kuberl.trainer.observe import driver_log
 from kuberl.trainer.observe.status import StatusReporter
+from kuberl.trainer.sandboxes import announced_pools, service_addresses
 
 
 def run_job(
@@ -37,21 +39,24 @@ def run_job(
     steps: int | None = None,
     namespace: str = "default",
     show_progress: bool = True,
+    sandboxes: Mapping[str, str] | None = None,
 ) -> int:
-    """Train ``spec``; 0 when done, 130 after SIGINT and 143 after SIGTERM (checkpoint saved), 1 on failure."""
+    """Train ``spec``; 0 when done, 130 after SIGINT and 143 after SIGTERM (checkpoint saved), 1 on failure.
+    ``sandboxes``: the address of each sandbox pool given; the others are served locally for the run."""
     folder = Path(run_dir) if run_dir else Path("runs") / name
     folder.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(
-        name, spec, run_dir=folder, namespace=namespace, address=address, steps=steps, show_progress=show_progress
-    )
-    started = time.time()
-    first_step: int | None = None
-    try:
-        trainer.setup()
-        first_step = trainer.global_step
-        code = trainer.fit()
-    finally:
-        trainer.shutdown()
+    with announced_pools(spec, sandboxes or {}, folder):
+        trainer = Trainer(
+            name, spec, run_dir=folder, namespace=namespace, address=address, steps=steps, show_progress=show_progress
+        )
+        started = time.time()
+        first_step: int | None = None
+        try:
+            trainer.setup()
+            first_step = trainer.global_step
+            code = trainer.fit()
+        finally:
+            trainer.shutdown()
     print(
         run_summary(
             name,
@@ -133,6 +138,7 @@ def _run_entrypoint(args: argparse.Namespace, raw: Any) -> int:
             steps=args.steps,
             namespace=args.namespace,
             show_progress=False,
+            sandboxes=service_addresses(args.name, args.namespace, spec),
         )
     except Exception as exc:  # reported, then: permanent → EXIT_PERMANENT (no retry), transient → raised (exit 1)
         failure = classify(exc)

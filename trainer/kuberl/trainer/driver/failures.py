@@ -19,6 +19,7 @@ from kuberl.trainer.data.sources import SourceError
 from kuberl.trainer.model.loading import ModelNotFoundError
 from kuberl.trainer.plan.layout import PlacementError
 from kuberl.trainer.rewards.functions import RewardFunctionError, RewardFunctionLoadError
+from kuberl.trainer.sandboxes import LocalSandboxError
 from kuberl.trainer.workers.base import NonFiniteStepsError
 
 PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
@@ -32,6 +33,7 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     CheckpointMismatch,  # another RLJob's checkpoints, a folder another run holds, a resume the changed spec refuses
     CheckpointStorageError,  # a checkpoint folder that cannot be written, or cannot hold the checkpoints kept
     NonFiniteStepsError,  # trainer.maxConsecutiveSkippedSteps non-finite steps: the same data and weights again
+    LocalSandboxError,  # kuberl run: this machine cannot run the sandbox server (no isolation it can enforce)
 )
 
 MAX_CHAIN = 8  # causes followed (a Ray task error wraps the worker's exception)
