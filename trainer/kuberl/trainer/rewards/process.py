@@ -15,6 +15,7 @@ import weakref
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
+from kuberl.trainer.rewards.code_tests import CODE_TESTS_BUILTINS, CodeTestsScorer
 from kuberl.trainer.rewards.functions import (
     BUILTINS,
     LOAD_SECONDS,
@@ -181,11 +182,14 @@ class RewardProcess:
         self.process.join(timeout=5)
 
 
-RewardScorer = InProcessScorer | RewardProcess
+RewardScorer = InProcessScorer | CodeTestsScorer | RewardProcess
 
 
 def make_scorer(name: str, policy: RewardPolicy) -> RewardScorer:
-    """Builtins in the driver, anything else in a :class:`RewardProcess`."""
+    """Builtins in the driver (those that run programs through the job's sandbox pool by batches), anything else in a
+    :class:`RewardProcess`."""
+    if name in CODE_TESTS_BUILTINS:
+        return CodeTestsScorer(name, policy)
     if name in BUILTINS:
         return InProcessScorer(BUILTINS[name], policy)
     return RewardProcess(name, policy)
