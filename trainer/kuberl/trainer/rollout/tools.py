@@ -5,10 +5,11 @@ must cost one call, not the job. Each worker is ``python -m kuberl.trainer.rollo
 (``RLIMIT_AS``); the driver sends one JSON request per line on its stdin and reads one JSON reply per line from a
 private pipe (the worker's stdout is redirected to stderr so that a tool's ``print`` cannot corrupt the protocol).
 A call past its timeout kills the worker (SIGKILL) and starts a fresh one; the caller gets a timeout result. Only
-the standard library is imported here: the workers must start fast and stay small.
+the standard library and the sandbox's client are imported here: the workers must start fast and stay small.
 
-Builtin tools: ``calculator`` (arithmetic on numbers) and ``python_expr`` (one Python expression over a small set
-of pure builtins; no names, attributes or imports beyond them).
+Builtin tools: ``calculator`` (arithmetic on numbers), ``python_expr`` (one Python expression over a small set
+of pure builtins; no names, attributes or imports beyond them) and ``python`` (a whole program, run in the job's
+sandbox pool: :mod:`kuberl.trainer.rollout.sandbox_tools`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kuberl.trainer.rollout.sandbox_tools import python
 
 # --- builtin tools -------------------------------------------------------------------------------------------------
 
@@ -121,7 +124,7 @@ def python_expr(expression: str) -> str:
     return format_number(result)
 
 
-BUILTIN_TOOLS: dict[str, Callable[..., Any]] = {"calculator": calculator, "python_expr": python_expr}
+BUILTIN_TOOLS: dict[str, Callable[..., Any]] = {"calculator": calculator, "python_expr": python_expr, "python": python}
 
 
 def load_object(path: str) -> Any:
