@@ -18,7 +18,7 @@ from kuberl.api.spec import RLJobSpec
 
 Handler = Callable[[argparse.Namespace], int]
 
-DATA_TASKS = ("gsm8k-synth", "digits", "arithmetic")
+DATA_TASKS = ("gsm8k-synth", "digits", "arithmetic", "code-synth")
 EXPORT_DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -94,7 +94,8 @@ def add_commands(
     data_p.add_argument(
         "task",
         choices=DATA_TASKS,
-        help="gsm8k-synth: GSM8K-like word problems; digits: tiny models; arithmetic: calculator tool (rollout.agent)",
+        help="gsm8k-synth: GSM8K-like word problems; digits: tiny models; arithmetic: calculator tool (rollout.agent); "
+        "code-synth: programming tasks with tests (reward code_tests)",
     )
     add_output_file_option(data_p, "the file to write: .parquet or .jsonl", required=True, legacy=("--out",))
     data_p.add_argument("--n", type=int, default=1000, help="rows (default 1000)")
@@ -309,6 +310,14 @@ def data(args: argparse.Namespace) -> int:
         return 1
     elif args.task == "arithmetic":
         tasks.main_arithmetic(args.output_file, args.n, args.seed, args.split, args.layout or "chat")
+    elif args.task == "code-synth":
+        from kuberl.trainer.data.code_synth import main_code_synth
+
+        try:
+            main_code_synth(args.output_file, args.n, args.seed, args.split)
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     else:
         try:
             tasks.main_digit_copy(args.output_file, args.n, args.seed, args.split)
