@@ -105,7 +105,7 @@ def job_spec(
                 "ppoMicroBatchSizePerGPU": micro_batch,
             },
             "actor": {"fsdp": {"reshardAfterForward": reshard_after_forward}},
-            "cluster": {"device": args.device},
+            "cluster": {"device": args.device, "trainer": {"nodes": 1, "gpusPerNode": 1}},  # one rank: this process
         }
     )
 

@@ -31,7 +31,7 @@ def job_spec(micro_batch: int, compile_layers: bool) -> RLJobSpec:
             "algorithm": {"advantageEstimator": "grpo"},
             "data": {"trainFiles": ["unused.parquet"], "maxPromptLength": 32, "maxResponseLength": 32},
             "batch": {"trainBatchSize": ROWS, "ppoMiniBatchSize": ROWS, "ppoMicroBatchSizePerGPU": micro_batch},
-            "cluster": {"device": "cuda"},
+            "cluster": {"device": "cuda", "trainer": {"nodes": 1, "gpusPerNode": 1}},  # one rank: this process
         }
     )
 

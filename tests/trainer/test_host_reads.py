@@ -98,7 +98,7 @@ def job_spec(micro_batch: int) -> RLJobSpec:
             "critic": {"ppoMicroBatchSizePerGPU": micro_batch},
             "data": {"trainFiles": ["unused.parquet"], "maxPromptLength": LENGTH, "maxResponseLength": LENGTH},
             "batch": {"trainBatchSize": ROWS, "ppoMiniBatchSize": ROWS, "ppoMicroBatchSizePerGPU": micro_batch},
-            "cluster": {"device": "cpu"},
+            "cluster": {"device": "cpu", "trainer": {"nodes": 1, "gpusPerNode": 1}},  # one rank: this process
         }
     )
 
