@@ -11,6 +11,7 @@ from kuberl.trainer.model import loading
 from kuberl.trainer.rewards.functions import (
     BUILTINS,
     ERROR_KEY,
+    MAX_ABS_SCORE,
     SCORE_DTYPE,
     NonFiniteRewardError,
     RewardFunctionError,
@@ -186,8 +187,10 @@ def test_scores_beyond_float32_are_errors_whatever_their_type(score: object) -> 
         score_batch(lambda *args: score, [sample()])
 
 
-def test_the_largest_float32_scores_pass() -> None:
-    assert score_batch(lambda *args: -3.4e38, [sample()])[0].score == -3.4e38
+def test_scores_up_to_the_largest_accepted_magnitude_pass_and_beyond_it_fail() -> None:
+    assert score_batch(lambda *args: -MAX_ABS_SCORE, [sample()])[0].score == -MAX_ABS_SCORE
+    with pytest.raises(NonFiniteRewardError, match=r"returned -3\.4e\+38, .*; return a finite score within ±1e\+06"):
+        score_batch(lambda *args: -3.4e38, [sample()])  # finite in float32, yet a group of them has no variance
 
 
 def test_on_error_zero_scores_raising_samples_zero_and_marks_them_within_the_fraction() -> None:
