@@ -37,10 +37,16 @@ def sim(kube) -> KubeRaySim:
 
 
 @contextmanager
-def running_operator(cluster: Cluster, namespace: str, tmp_path: Path, *args: str) -> Iterator[OperatorProcess]:
-    """`python -m kuberl.operator --namespace <namespace> ARGS` as admin; its log is printed when it stops."""
+def running_operator(
+    cluster: Cluster, namespace: str, tmp_path: Path, *args: str, kubeconfig: Path | None = None
+) -> Iterator[OperatorProcess]:
+    """`python -m kuberl.operator --namespace <namespace> ARGS` as admin (or as `kubeconfig` says); its log is
+    printed when it stops."""
     proc = OperatorProcess(
-        kubeconfig=cluster.kubeconfig, log_dir=tmp_path / "operator", namespaces=(namespace,), extra_args=args
+        kubeconfig=kubeconfig or cluster.kubeconfig,
+        log_dir=tmp_path / "operator",
+        namespaces=(namespace,),
+        extra_args=args,
     )
     proc.start()
     try:

@@ -106,6 +106,7 @@ OPERATOR = {
     *{("kuberl.io", "rljobs/status", v) for v in ("get", "patch")},
     ("kuberl.io", "rljobs/finalizers", "update"),
     *{("ray.io", "rayjobs", v) for v in ("get", "list", "watch", "create", "patch", "delete")},
+    *{("ray.io", "rayclusters", v) for v in ("get", "patch")},  # the rollout pool resized in place
     *{("", "configmaps", v) for v in ("get", "create", "patch")},
     *{("", "persistentvolumeclaims", v) for v in ("get", "create")},
     *{("", "events", v) for v in ("create", "get", "list", "watch")},

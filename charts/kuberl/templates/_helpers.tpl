@@ -114,6 +114,10 @@ app.kubernetes.io/component: operator
 - apiGroups: ["ray.io"]
   resources: ["rayjobs"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# the RayCluster KubeRay builds from the RayJob: its rollout worker group is resized while the job runs
+- apiGroups: ["ray.io"]
+  resources: ["rayclusters"]
+  verbs: ["get", "patch"]
 # the spec ConfigMap <name>-spec
 - apiGroups: [""]
   resources: ["configmaps"]

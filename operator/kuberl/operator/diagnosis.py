@@ -29,6 +29,7 @@ WORKER_CREATE_FAILED = "FailedToCreateWorkerPod"
 FAILED_SCHEDULING = "FailedScheduling"  # kube-scheduler's Event on a pod it cannot place
 RAY_CLUSTER_LABEL = "ray.io/cluster"
 RAY_NODE_TYPE_LABEL = "ray.io/node-type"
+RAY_GROUP_LABEL = "ray.io/group"  # a worker pod's group: its workerGroupSpecs[].groupName
 FRESH_SECONDS = 300.0
 """A creation failure older than this is history: KubeRay repeats the Event (with a new lastTimestamp) while it
 still fails, at most every ~5 minutes with controller-runtime's back-off."""
@@ -163,18 +164,18 @@ def blocking_cause(
     return min(causes, key=lambda c: STAGE[c.reason]) if causes else None
 
 
+def pod_ready(pod: dict[str, Any]) -> bool:
+    """The pod's Ready condition is True."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
 def pods_ready(pods: Iterable[dict[str, Any]]) -> bool:
     """The head pod exists and every live pod of the cluster is Ready."""
     live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
     if not any(_pod_role(p) == "head" for p in live):
         return False
-    return all(
-        any(
-            c.get("type") == "Ready" and c.get("status") == "True"
-            for c in (p.get("status") or {}).get("conditions") or []
-        )
-        for p in live
-    )
+    return all(pod_ready(p) for p in live)
 
 
 def cluster_ready_status(

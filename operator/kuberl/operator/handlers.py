@@ -2,8 +2,10 @@
 
 RLJob create/resume → check KubeRay's version (kuberay_support.py), validate, create-or-adopt the ConfigMap and the
                       RayJob, write status.
-RLJob spec update   → propagate runPolicy.suspend (and the template while no Ray cluster exists).
-RayJob event        → recompute the owning RLJob's status (phase, conditions, Events).
+RLJob spec update   → propagate runPolicy.suspend (and the template while no Ray cluster exists); resize the running
+                      Ray cluster's rollout group to cluster.rollout.nodes (rollout_pool.py).
+RayJob event        → recompute the owning RLJob's status (phase, conditions, Events), and status.rollout.
+Rollout pod event   → the rollout group's pods to remove, status.rollout and RolloutPoolEmpty (rollout_pool.py).
 RLJob event with a permanent failure the trainer reported → end it Failed and delete its RayJob (no retry).
 Sandbox Deployment event → status.sandboxes and SandboxReady; a finished RLJob's pools are scaled to no pods.
 A thread (ownership.py) → every resync period: restore a status someone else wrote, warn about silent trainers.
@@ -25,10 +27,12 @@ from kubernetes import client, config
 from kuberl.api.contract import (
     GROUP,
     PLURAL,
+    POOL_LABEL,
     RAY_GROUP,
     RAY_VERSION,
     RAYJOB_PLURAL,
     RLJOB_LABEL,
+    ROLLOUT_POOL,
     SANDBOX_LABEL,
     VERSION,
 )
@@ -131,6 +135,24 @@ def rayjob_changed(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: 
         reconcile.on_rayjob(memo.api, dict(body), deleted=event.get("type") == "DELETED")
 
 
+@kopf.on.event("", "v1", "pods", labels={POOL_LABEL: ROLLOUT_POOL, RLJOB_LABEL: kopf.PRESENT})
+def rollout_pod_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A rollout pod came, became ready or went: the RayCluster's rollout group and status.rollout follow."""
+    if memo.get("api") is None:
+        return
+    with metrics.reconciling("rollout"):
+        reconcile.on_rollout_pod(memo.api, dict(body))
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, when=lambda body, **_: reconcile.rollout_status_stale(body))
+def rljob_rollout_stale(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The phase changed since the rollout pool was last looked at: status.rollout and RolloutPoolEmpty follow."""
+    if memo.get("api") is None:
+        return
+    with metrics.reconciling("rollout"):
+        reconcile.follow_rollout_pool(memo.api, body)
+
+
 @kopf.on.event(GROUP, VERSION, PLURAL, when=lambda body, **_: reconcile.permanent_failure_unhandled(body))
 def rljob_failure_reported(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """The trainer reported a permanent failure: end the job now, not after KubeRay has started a retry."""
@@ -165,10 +187,15 @@ async def rljob_seen(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
         return
     deleted = event.get("type") == "DELETED"
     clusterwatch.WAITING.observe(dict(body), deleted=deleted)
+    status = body.get("status") or {}
     if deleted:
         metrics.PHASES.forget(uid)
+        metrics.ROLLOUT_POOLS.forget(uid)
     else:
-        metrics.PHASES.observe(uid, (body.get("status") or {}).get("phase"))
+        metrics.PHASES.observe(uid, status.get("phase"))
+        metrics.ROLLOUT_POOLS.observe(
+            uid, body["metadata"]["namespace"], body["metadata"]["name"], status.get("rollout")
+        )
 
 
 @kopf.on.probe(id="rljobs")

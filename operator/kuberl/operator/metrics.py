@@ -9,6 +9,10 @@
 - `kuberl_operator_kuberay_supported`: 1 when the installed KubeRay is one kuberl supports (>= 1.5), else 0: the
   operator then reconciles nothing (kuberay_support.py).
 - `kuberl_operator_leader`: 1 on the replica that reconciles (the Lease holder, or the only replica), 0 on a standby.
+- `kuberl_operator_rollout_pods{rljob_namespace, rljob, state}`: the separate rollout pool of each RLJob whose Ray
+  cluster runs, state `desired` (status.rollout.replicas) or `ready` (readyReplicas); from the RLJob watch, like
+  the phases (`RolloutPools`). The engines the trainer uses are its own metric, `kuberl_rollout_engines`.
+- `kuberl_operator_rollout_resizes_total{direction}`: resizes (`up`, `down`) written to a running Ray cluster.
 """
 
 from __future__ import annotations
@@ -93,6 +97,54 @@ class PhaseTracker(Collector):
 
 PHASES = PhaseTracker()
 REGISTRY.register(PHASES)
+
+ROLLOUT_RESIZES = Counter(
+    "kuberl_operator_rollout_resizes",
+    "Resizes of a running Ray cluster's rollout pool (cluster.rollout.nodes edited while the job runs).",
+    ["direction"],
+    registry=REGISTRY,
+)
+
+
+class RolloutPools(Collector):
+    """status.rollout by RLJob uid, fed from the RLJob watch; exported as `kuberl_operator_rollout_pods`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pools: dict[str, tuple[str, str, int, int]] = {}
+
+    def observe(self, uid: str, namespace: str, name: str, pool: dict[str, int] | None) -> None:
+        """`pool`: the RLJob's status.rollout; None (no running Ray cluster, no separate pool) drops its series."""
+        with self._lock:
+            if pool is None:
+                self._pools.pop(uid, None)
+            else:
+                self._pools[uid] = (
+                    namespace,
+                    name,
+                    int(pool.get("replicas") or 0),
+                    int(pool.get("readyReplicas") or 0),
+                )
+
+    def forget(self, uid: str) -> None:
+        self.observe(uid, "", "", None)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "kuberl_operator_rollout_pods",
+            "Pods of an RLJob's separate rollout pool: desired (the Ray cluster's rollout group) and ready.",
+            labels=["rljob_namespace", "rljob", "state"],
+        )
+        with self._lock:
+            pools = sorted(self._pools.values())
+        for namespace, name, desired, ready in pools:
+            family.add_metric([namespace, name, "desired"], desired)
+            family.add_metric([namespace, name, "ready"], ready)
+        yield family
+
+
+ROLLOUT_POOLS = RolloutPools()
+REGISTRY.register(ROLLOUT_POOLS)
 
 
 @contextmanager

@@ -40,6 +40,7 @@ from kuberl.api.contract import (
 from kuberl.api.policy import CHECKPOINT_VOLUME, SHM_PATH, SHM_VOLUME, SPEC_VOLUME, Policy
 from kuberl.api.spec import HeadNode, NodePool, PodSettings, PoolPodSettings, RLJobSpec, Toleration, backoff_limit
 from kuberl.api.validation import spec_to_wire
+from kuberl.operator.rollout_pool import group_index, size_ops
 
 # Ports KubeRay would add by default (constant.go), declared so that Services and PodMonitors can name them.
 HEAD_PORTS = (("gcs-server", 6379), ("dashboard", DASHBOARD_PORT), ("client", 10001), ("metrics", 8080))
@@ -546,7 +547,9 @@ def rayjob_update_ops(
 
     - `spec.suspend` follows runPolicy.suspend only when the user changed it: otherwise Kueue may own the flag.
     - The cluster template and the other rendered fields change only while the RayJob has no Ray cluster
-      (suspended, or not started): KubeRay builds the next cluster from them; a running one is left alone.
+      (suspended, or not started): KubeRay builds the next cluster from them; a running one is left alone, but for
+      the size of the rollout group (cluster.rollout.nodes), which the next cluster (a retry) takes too: the running
+      one is resized through its RayCluster (`rollout_pool.py`).
     - The Kueue queue label follows cluster.queueName under the same condition (Kueue refuses it otherwise).
     The ops start with a `test` of the resourceVersion read, so a concurrent change makes the patch fail (409/422)
     instead of acting on stale state.
@@ -559,7 +562,12 @@ def rayjob_update_ops(
         ops.append({"op": "add", "path": "/spec/suspend", "value": want["suspend"]})
     jds = (existing.get("status") or {}).get("jobDeploymentStatus") or ""
     if jds not in NO_CLUSTER_STATES:
-        return _guarded(existing, ops)
+        wanted = want["rayClusterSpec"]["workerGroupSpecs"]
+        index = group_index(wanted)
+        if index is not None:
+            groups = (live.get("rayClusterSpec") or {}).get("workerGroupSpecs") or []
+            ops += size_ops(groups, "/spec/rayClusterSpec/workerGroupSpecs", wanted[index]["replicas"])
+        return guarded(existing, ops)
     for key in TEMPLATE_FIELDS:
         if key in want and live.get(key) != want[key]:
             ops.append({"op": "add", "path": f"/spec/{key}", "value": want[key]})
@@ -590,10 +598,12 @@ def rayjob_update_ops(
                 "value": want_hash,
             }
         )
-    return _guarded(existing, ops)
+    return guarded(existing, ops)
 
 
-def _guarded(existing: dict[str, Any], ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def guarded(existing: dict[str, Any], ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`ops` led by a test of `existing`'s resourceVersion: the patch fails (409/422) when the object changed since
+    it was read."""
     version = (existing.get("metadata") or {}).get("resourceVersion")
     if not ops or version is None:
         return ops

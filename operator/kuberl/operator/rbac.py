@@ -23,6 +23,8 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "resources": ["rayjobs"],
         "verbs": ["get", "list", "watch", "create", "patch", "delete"],
     },
+    # the RayCluster KubeRay builds from the RayJob: its rollout worker group is resized while the job runs
+    {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get", "patch"]},
     # the spec ConfigMap `<name>-spec`
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
     # the NetworkPolicy `<name>-ray` that admits only the job's pods, KubeRay and the monitoring namespace

@@ -20,6 +20,7 @@ from typing import Any, NoReturn, TypeVar, cast
 import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
 from urllib3.exceptions import HTTPError
 
 from kuberl.api.contract import (
@@ -29,6 +30,7 @@ from kuberl.api.contract import (
     RAY_VERSION,
     RAYJOB_PLURAL,
     RLJOB_LABEL,
+    ROLLOUT_POOL,
     SPEC_HASH_ANNOTATION,
     VERSION,
     sandbox_name,
@@ -36,14 +38,16 @@ from kuberl.api.contract import (
 )
 from kuberl.api.policy import Policy, operator_issues
 from kuberl.api.spec import RLJobSpec
-from kuberl.api.status import TERMINAL_PHASES, FailureClass
+from kuberl.api.status import TERMINAL_PHASES, ConditionType, FailureClass, Phase
 from kuberl.api.validation import validate_document
-from kuberl.operator import metrics, sandbox
+from kuberl.operator import metrics, rollout_pool, sandbox
 from kuberl.operator.checkpoint_folders import shared_folder_issue
+from kuberl.operator.diagnosis import RAY_CLUSTER_LABEL, RAY_GROUP_LABEL
 from kuberl.operator.rayjob import (
     NO_CLUSTER_STATES,
     RenderError,
     configmap_name,
+    guarded,
     rayjob_update_ops,
     render_checkpoint_claim,
     render_configmap,
@@ -53,6 +57,7 @@ from kuberl.operator.rayjob import (
 from kuberl.operator.status import (
     Event,
     ended_by_operator,
+    get_condition,
     invalid_status,
     next_status,
     reported_failure,
@@ -63,6 +68,7 @@ from kuberl.operator.status import (
 )
 
 STATUS_WRITE_ATTEMPTS = 8
+RAYCLUSTER_PLURAL = "rayclusters"  # KubeRay's RayCluster (ray.io/v1), which it builds from the RayJob
 TRANSIENT_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
 log = logging.getLogger("kuberl.operator")
@@ -105,6 +111,33 @@ class Api:
 
     def get_service(self, namespace: str, name: str) -> dict[str, Any] | None:
         return _none_on_404(lambda: self._plain(self.core.read_namespaced_service(name, namespace)))
+
+    # the RayCluster KubeRay built for the RayJob: its rollout group is resized in place (rollout_pool.py)
+    def get_raycluster(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return _none_on_404(
+            lambda: _obj(
+                self.custom.get_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAYCLUSTER_PLURAL, name)
+            )
+        )
+
+    def json_patch_raycluster(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        return _obj(
+            self.custom.patch_namespaced_custom_object(
+                RAY_GROUP,
+                RAY_VERSION,
+                namespace,
+                RAYCLUSTER_PLURAL,
+                name,
+                ops,
+                _content_type="application/json-patch+json",
+            )
+        )
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self._plain(
+            self.core.list_namespaced_pod(namespace, label_selector=label_selector)
+        )["items"]
+        return items
 
     # RLJobs
     def get_rljob(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -657,7 +690,9 @@ def apply_update(
         if transient(exc):
             raise kopf.TemporaryError(f"API error while updating children: {api_error_text(exc)}", delay=2) from exc
         raise
-    sync_status(api, namespace, name, generation=generation, valid=True, uid=uid)
+    synced = sync_status(api, namespace, name, generation=generation, valid=True, uid=uid)
+    if synced is not None:
+        follow_rollout_pool(api, synced)
 
 
 def on_rayjob(api: Api, rayjob: dict[str, Any], *, deleted: bool = False) -> None:
@@ -680,7 +715,92 @@ def on_rayjob(api: Api, rayjob: dict[str, Any], *, deleted: bool = False) -> Non
             return old, []
         return next_status(old, rayjob)
 
-    write_status(api, meta["namespace"], owner["name"], compute, uid=owner["uid"], rayjob=None if deleted else rayjob)
+    rljob = write_status(
+        api, meta["namespace"], owner["name"], compute, uid=owner["uid"], rayjob=None if deleted else rayjob
+    )
+    if rljob is not None:
+        follow_rollout_pool(api, rljob)
+
+
+# --- the elastic rollout pool (rollout_pool.py) -------------------------------------------------------------------
+
+
+def rollout_status_stale(body: kopf.Body | dict[str, Any]) -> bool:
+    """status.rollout or RolloutPoolEmpty disagrees with the phase and the Ray cluster (the RLJob watch's filter): a
+    phase written after the pool's last look (by the resync, say) gets one more look."""
+    status = body.get("status") or {}
+    if not status.get("rayClusterName"):
+        return "rollout" in status
+    if ((body.get("spec") or {}).get("rollout") or {}).get("placement") != "separate":
+        return False
+    if status.get("phase") in TERMINAL_PHASES:
+        return False
+    flagged = get_condition(_plain(status), ConditionType.ROLLOUT_POOL_EMPTY) is not None
+    return "rollout" not in status or flagged != (status.get("phase") == Phase.RUNNING)
+
+
+def on_rollout_pod(api: Api, pod: dict[str, Any]) -> None:
+    """A pod of a rollout group changed (created, ready, deleted): the owning RLJob's pool follows."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    rljob = api.get_rljob(meta["namespace"], labels[RLJOB_LABEL])
+    if rljob is not None and (rljob.get("status") or {}).get("rayClusterName") == labels.get(RAY_CLUSTER_LABEL):
+        follow_rollout_pool(api, rljob)
+
+
+def follow_rollout_pool(api: Api, body: kopf.Body | dict[str, Any]) -> None:
+    """Resize the running Ray cluster's rollout group to cluster.rollout.nodes and write status.rollout and the
+    condition RolloutPoolEmpty (with the resize's Event); a job without a separate pool is left alone."""
+    rljob = _plain(body)
+    meta, status = rljob["metadata"], rljob.get("status") or {}
+    try:
+        spec = RLJobSpec.model_validate(rljob["spec"])
+    except ValidationError:  # refused (status Valid=False): nothing to resize
+        return
+    if spec.rollout.placement != "separate" and "rollout" not in status:
+        return
+    cluster_name = status.get("rayClusterName")
+    raycluster: dict[str, Any] | None = None
+    pods: list[dict[str, Any]] = []
+    if spec.cluster.rollout is not None and cluster_name and status.get("phase") not in TERMINAL_PHASES:
+        raycluster, pods = _resize_rollout_group(api, rljob, cluster_name, spec.cluster.rollout.nodes)
+    pool = rollout_pool.pool_status(raycluster, pods)
+    timeout = spec.run_policy.empty_rollout_pool_timeout_seconds
+
+    def compute(old: dict[str, Any], _rayjob: dict[str, Any] | None) -> tuple[dict[str, Any], list[Event]]:
+        return rollout_pool.rollout_status(old, pool, timeout, timestamp())
+
+    write_status(api, meta["namespace"], meta["name"], compute, uid=meta["uid"], rljob=rljob, rayjob=None)
+
+
+def _resize_rollout_group(
+    api: Api, rljob: dict[str, Any], cluster_name: str, replicas: int
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """Patch the RayCluster's rollout group to `replicas` pods (rollout_pool.resize_ops) unless it is there already,
+    with an Event on the RLJob when its size changed: (the RayCluster, None when it is not the RLJob's; the group's
+    pods as read before the patch)."""
+    namespace, name = rljob["metadata"]["namespace"], rljob["metadata"]["name"]
+    selector = f"{RAY_CLUSTER_LABEL}={cluster_name},{RAY_GROUP_LABEL}={ROLLOUT_POOL}"
+    for attempt in range(4):
+        raycluster = api.get_raycluster(namespace, cluster_name)
+        if raycluster is None or (raycluster["metadata"].get("labels") or {}).get(RLJOB_LABEL) != name:
+            return None, []
+        pods = api.list_pods(namespace, selector)
+        ops = rollout_pool.resize_ops(raycluster, replicas, pods)
+        if not ops:
+            return raycluster, pods
+        before = rollout_pool.group_replicas(raycluster) or 0
+        try:
+            raycluster = api.json_patch_raycluster(namespace, cluster_name, guarded(raycluster, ops))
+        except ApiException as exc:  # the resourceVersion test failed: KubeRay or another writer changed it
+            if exc.status in (409, 422) and attempt < 3:
+                continue
+            raise
+        if before != replicas:  # posted here: the status write that follows may find the pool written already
+            metrics.ROLLOUT_RESIZES.labels("up" if replicas > before else "down").inc()
+            post_events(rljob, [rollout_pool.resize_event(raycluster, before)])
+        return raycluster, pods
+    raise kopf.TemporaryError(f"RayCluster {namespace}/{cluster_name} kept changing; retrying the resize", delay=2)
 
 
 def permanent_failure_unhandled(body: kopf.Body | dict[str, Any]) -> bool:
