@@ -71,6 +71,7 @@ STEP: dict[str, float] = {
     "timing_s/update_weights": 2.2,
     "timing_s/step": 79.0,
     "rollout/staleness": 0.0,
+    "rollout/engines": 8.0,
     "perf/total_num_tokens": 1.61e6,
     "perf/time_per_step": 79.0,
     "perf/throughput": 2547.0,

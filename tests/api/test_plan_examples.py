@@ -21,6 +21,7 @@ EXAMPLES = {  # example → (its model, the GPU its trainer pool's node selector
     "gsm8k-grpo.yaml": ("Qwen2.5-0.5B-Instruct", "H200"),  # cloud.google.com/gke-accelerator
     "gsm8k-ppo.yaml": ("Qwen2.5-1.5B-Instruct", "H100-80GB"),  # node.kubernetes.io/instance-type: p5.48xlarge
     "separate-rollout.yaml": ("Qwen2.5-7B-Instruct", None),  # pool: h200-train names no GPU: --gpu H200
+    "async-rollout.yaml": ("Qwen2.5-7B-Instruct", None),  # pool: h200-train names no GPU: --gpu H200
 }
 
 

@@ -39,6 +39,7 @@ VERL_KEYS = {
     "perf/max_memory_reserved_gb",
     "timing_s/update_weights",
     "rollout/staleness",
+    "rollout/engines",  # the engines the trainer generates with (issue 36; status.progress.rolloutEngines)
     "val-core/gsm8k/reward/mean@1",
 }
 # per-GPU keys `gpu/<rank>/<stat>` become kuberl_gpu_<stat in base units>{gpu="<rank>"}

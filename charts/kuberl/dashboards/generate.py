@@ -822,8 +822,8 @@ def training_dashboard() -> dict[str, Any]:
         timeseries(
             "Rollout staleness",
             "Steps between the policy a step trains and the weights its batch was generated with "
-            "(rollout/staleness): 0 synchronous, 1 with rollout.overlap oneStepOffPolicy after the first step; "
-            "the trainer stops the run if it is ever larger.",
+            "(rollout/staleness): 0 synchronous, 1 with rollout.overlap oneStepOffPolicy after the first step, at "
+            "most rollout.maxStaleness with async; the trainer stops the run if it is ever larger.",
             targets((f"max by (rljob) ({kuberl('kuberl_rollout_staleness')})", "{{rljob}}")),
             "short",
             min_=0,
@@ -966,6 +966,22 @@ def operator_dashboard() -> dict[str, Any]:
         24,
         6,
     )
+    lay.add(
+        timeseries(
+            "Rollout engines over time",
+            "Rollout engines each RLJob's trainer generates with (rollout/engines, status.progress.rolloutEngines). "
+            "A separate rollout pool follows cluster.rollout.nodes, which may change while the job runs: after a "
+            "resize, or a rollout pod lost, the count follows as pods join and leave. At 0 the trainer waits (the "
+            "RLJob's condition RolloutPoolEmpty) up to runPolicy.emptyRolloutPoolTimeoutSeconds. The pods the "
+            "operator asks for and finds ready are kuberl_operator_rollout_pods{state}.",
+            targets(('max by (namespace, rljob) (kuberl_rollout_engines{rljob=~"$rljob"})', "{{namespace}}/{{rljob}}")),
+            "short",
+            min_=0,
+            decimals=0,
+        ),
+        24,
+        8,
+    )
     variables = [
         variable("namespace", "Operator namespace", "label_values(kuberl_operator_rljobs, namespace)"),
         variable("rljob", "RLJob", "label_values(kuberl_step, rljob)", multi=True),
@@ -973,7 +989,8 @@ def operator_dashboard() -> dict[str, Any]:
     return dashboard(
         "kuberl-operator",
         "kuberl / operator",
-        "The kuberl operator: RLJobs by phase, reconcile latency (p50/p99), errors and RayJob restarts.",
+        "The kuberl operator: RLJobs by phase, reconcile latency (p50/p99), errors and RayJob restarts; per RLJob "
+        "its progress and rollout engines.",
         lay,
         variables,
         refresh="1m",
