@@ -1,11 +1,12 @@
 """Admission reads what each rollout engine can do from kuberl.api.engines: an engine declared at run time (as the
 trainer's registry declares one) is admitted where its capabilities allow and refused, on the field, where they do
-not. Two of the rules no builtin engine can fail (every builtin returns log-probs and overlaps); they are tested
-here with declared engines."""
+not. Three of the rules no builtin engine can fail (every builtin returns log-probs, overlaps and continues a
+partial rollout); they are tested here with declared engines."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -14,7 +15,7 @@ from kuberl.api import validate_document
 from kuberl.api.engines import ENGINES, EngineCapabilities, declare_engine
 from tests.api.cases import BASE
 
-DECLARED_ENGINE_RULES = {"engine-log-probs", "engine-overlap"}
+DECLARED_ENGINE_RULES = {"engine-log-probs", "engine-overlap", "engine-partial-rollouts"}
 """Rules of kuberl.api.rules whose failing cases need a declared engine (tests/api/test_admission.py counts them)."""
 
 PLAIN = EngineCapabilities(
@@ -25,6 +26,7 @@ PLAIN = EngineCapabilities(
     tensor_parallel=False,
     log_probs=False,
     overlap=False,
+    partial_rollouts=False,
     max_lora_rank=8,
 )
 """A CPU engine that can do little: colocated only, no log-probs, LoRA up to rank 8."""
@@ -72,6 +74,21 @@ def test_an_engine_that_cannot_overlap_or_run_separate_refuses_both(plain_engine
     issues = issues_by_rule(doc)
     assert "engines that can: vllm, hf" in issues["engine-overlap"]
     assert issues["engine-placement"].endswith("cannot run separate on cluster.device cpu; engines that can: hf")
+
+
+def test_an_engine_that_cannot_continue_a_generation_refuses_partial_rollouts() -> None:
+    declare_engine("overlapping", dataclasses.replace(PLAIN, separate_devices=frozenset({"cpu"}), overlap=True))
+    try:
+        doc = cpu_job(engine="overlapping", placement="separate", overlap="async", partialRollouts=True)
+        doc["spec"]["cluster"]["rollout"] = {"nodes": 1, "gpusPerNode": 1}
+        issues = issues_by_rule(doc)
+    finally:
+        del ENGINES["overlapping"]
+    assert issues == {
+        "engine-partial-rollouts": "spec.rollout.partialRollouts: rollout.partialRollouts continues a generation "
+        "interrupted by a weight update with the new weights, which rollout.engine overlapping cannot; engines that "
+        "can: vllm, hf"
+    }
 
 
 def test_the_lora_rank_limit_is_the_engines_own(plain_engine: str) -> None:

@@ -36,6 +36,9 @@ class EngineCapabilities:
     """It returns the log-probs of the tokens it sampled (rollout.calculateLogProbs)."""
     overlap: bool
     """Separate engines may generate the next batch while the trainer updates (rollout.overlap)."""
+    partial_rollouts: bool
+    """A generation in flight at a weight update can be interrupted and continued from its tokens with the new
+    weights (rollout.partialRollouts)."""
     max_lora_rank: int | None
     """The largest LoRA rank its weights may carry; None: any."""
 
@@ -49,6 +52,7 @@ ENGINES: dict[str, EngineCapabilities] = {
         tensor_parallel=True,
         log_probs=True,
         overlap=True,
+        partial_rollouts=True,
         max_lora_rank=512,  # vLLM's max_lora_rank choices end at 512
     ),
     "hf": EngineCapabilities(
@@ -59,6 +63,7 @@ ENGINES: dict[str, EngineCapabilities] = {
         tensor_parallel=False,  # one unsharded copy of the policy per engine
         log_probs=True,
         overlap=True,
+        partial_rollouts=True,
         max_lora_rank=None,
     ),
 }
@@ -96,5 +101,6 @@ ENGINE_SETS: dict[str, Callable[[EngineCapabilities], bool]] = {
     "TENSOR_PARALLEL_ENGINES": lambda c: c.tensor_parallel,
     "LOG_PROB_ENGINES": lambda c: c.log_probs,
     "OVERLAP_ENGINES": lambda c: c.overlap,
+    "PARTIAL_ROLLOUT_ENGINES": lambda c: c.partial_rollouts,
 }
 """The engine sets the rules name, each a predicate on the capabilities (rules.py turns each into a CEL list)."""
