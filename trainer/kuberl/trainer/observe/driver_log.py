@@ -59,15 +59,17 @@ def teed(checkpoint_dir: str | Path, rljob: str) -> Iterator[Path | None]:
         yield None
         return
     lock = threading.Lock()
-    with opened as log:
-        host = os.environ.get("HOSTNAME") or socket.gethostname()
-        log.write(f"=== {timestamp()} RLJob {rljob}: the driver starts on {host}\n")
-        saved = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = _Tee(saved[0], log, lock), _Tee(saved[1], log, lock)
-        try:
-            print(f"driver log: {path} (`kuberl logs {rljob}` reads it)")
-            yield path
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            sys.stdout, sys.stderr = saved
+    host = os.environ.get("HOSTNAME") or socket.gethostname()
+    saved = sys.stdout, sys.stderr
+    try:
+        with contextlib.suppress(OSError):
+            opened.write(f"=== {timestamp()} RLJob {rljob}: the driver starts on {host}\n")
+        sys.stdout, sys.stderr = _Tee(saved[0], opened, lock), _Tee(saved[1], opened, lock)
+        print(f"driver log: {path} (`kuberl logs {rljob}` reads it)")
+        yield path
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = saved
+        with contextlib.suppress(OSError):  # a full claim loses the log's tail, never the run's exit status
+            opened.close()
