@@ -151,8 +151,7 @@ TINY_CONFIG = {"vocab_size": 1000, "hidden_size": 256, "num_hidden_layers": 2, "
 
 
 def test_a_left_out_budget_gives_verl_the_one_kuberls_plan_chose(tmp_path: Path) -> None:
-    from kuberl.api.memory import gpu_named, plan_memory
-    from kuberl.trainer.model.shape import config_shape
+    from kuberl.api.memory import config_shape, gpu_named, plan_memory
 
     config = {**TINY_CONFIG, "intermediate_size": 512}
     (tmp_path / "model").mkdir()

@@ -21,9 +21,8 @@ from typing import Any
 import pytest
 
 from bench.shapes import LLAMA_11B, QWEN2_05B, SMOLLM2_SHAPE
-from kuberl.api.memory import ModelShape, gpu_named, plan_memory
+from kuberl.api.memory import ModelShape, config_shape, gpu_named, plan_memory
 from kuberl.api.validation import parse_spec
-from kuberl.trainer.model.shape import config_shape
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 TOLERANCE = 0.10
@@ -78,6 +77,19 @@ def bench_spec(micro_batch: int, *, separate: bool, utilization: float = 0.3) ->
         spec["algorithm"]["rolloutCorrection"] = {"enabled": True}
         spec["cluster"]["rollout"] = {"nodes": 1, "gpusPerNode": 1}
     return spec
+
+
+def oom_spec(*, separate: bool, utilization: float) -> dict[str, Any]:
+    """One of the four runs that died on an H100 (oom_h100_llama-1.1b.json): the benchmark's job with a 32768-token
+    budget, colocated or one step off, vLLM at `utilization`."""
+    spec = bench_spec(32, separate=separate, utilization=utilization)
+    del spec["batch"]["ppoMicroBatchSizePerGPU"]
+    spec["batch"]["dynamicBatchSize"] = {"enabled": True, "maxTokenLenPerGPU": 32768}
+    return spec
+
+
+OOM_CASES = [(separate, utilization) for separate in (False, True) for utilization in (0.2, 0.3)]
+"""(separate, utilization) of the four runs that died on an H100."""
 
 
 def update_spec(run: dict[str, Any]) -> dict[str, Any]:
@@ -150,13 +162,10 @@ def test_the_plan_is_within_ten_percent_above_the_measured_peak(row: Measured) -
     assert row.what != "device" or plan.fits, "the run fitted, the plan must say so"
 
 
-@pytest.mark.parametrize("utilization", [0.2, 0.3])
-@pytest.mark.parametrize("separate", [False, True], ids=["colocated", "one-step-off"])
-def test_the_runs_that_died_on_an_h100_are_refused(utilization: float, separate: bool) -> None:
+@pytest.mark.parametrize(("separate", "utilization"), OOM_CASES)
+def test_the_runs_that_died_on_an_h100_are_refused(separate: bool, utilization: float) -> None:
     oom = _load("oom_h100_llama-1.1b.json")
-    spec = bench_spec(32, separate=separate, utilization=utilization)
-    del spec["batch"]["ppoMicroBatchSizePerGPU"]
-    spec["batch"]["dynamicBatchSize"] = {"enabled": True, "maxTokenLenPerGPU": 32768}
+    spec = oom_spec(separate=separate, utilization=utilization)
     row = Measured("oom_h100_llama-1.1b.json", spec, oom["model"], oom["device"], 0.0, "device")
     plan = _plan(row)
     assert not plan.fits

@@ -10,11 +10,12 @@ import pytest
 import yaml
 
 from kuberl.api import RLJobSpec
-from kuberl.api.memory import GPU_PRODUCT_LABEL
+from kuberl.api.memory import GPU_PRODUCT_LABEL, config_shape
 from kuberl.cli import main
-from kuberl.trainer.model.shape import config_shape, model_shape
+from kuberl.trainer.model.shape import model_shape
 from kuberl.trainer.plan.layout import ClusterFacts
 from tests.api.cases import BASE
+from tests.api.plan_cases import QWEN2_5_0_5B_SHAPE, oom_rljob
 
 TINY = "tiny://llama?hidden=64&layers=2&heads=4&kv_heads=2"
 QWEN2_5_0_5B = {
@@ -94,12 +95,25 @@ def test_plan_of_an_unknown_model_is_a_message(tmp_path: Path, capsys: pytest.Ca
     assert "'/nowhere': no model config found" in capsys.readouterr().err
 
 
-def _dynamic(tmp_path: Path, **dynamic: object) -> RLJobSpec:
+def test_plan_takes_the_shape_from_model_shape_where_model_path_is_in_the_pods(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "oom.yaml"
+    path.write_text(yaml.safe_dump(oom_rljob("oom", separate=False, utilization=0.2)))  # model.path /model
+    assert main(["plan", str(path)]) == 1  # the plan, not admission's refusal that quotes it
+    out = capsys.readouterr().out
+    assert out.startswith("RLJob oom on 1 × H100-80GB") and "does NOT fit" in out
+    assert "model: 1,138.8 M parameters" in out
+
+
+def _dynamic(tmp_path: Path, shape: dict[str, object] | None = None, **dynamic: object) -> RLJobSpec:
     from kuberl.api.validation import parse_spec
 
     (tmp_path / "config.json").write_text(json.dumps(QWEN2_5_0_5B))
     spec = copy.deepcopy(BASE["spec"])
     spec["model"] = {"path": str(tmp_path), "gradientCheckpointing": False}
+    if shape is not None:
+        spec["model"]["shape"] = shape
     spec["cluster"] = {"trainer": {"nodes": 1, "gpusPerNode": 1}, "device": "cuda"}
     spec["batch"] = {"trainBatchSize": 64, "rolloutN": 4, "ppoMiniBatchSize": 64, "dynamicBatchSize": dynamic}
     return parse_spec(spec)
@@ -144,3 +158,24 @@ def test_a_run_whose_plan_does_not_fit_its_gpu_is_refused_with_the_plan(tmp_path
     with pytest.raises(PlacementError, match=r"does not fit one H100-80GB .*maxTokenLenPerGPU: \d+ fits") as refused:
         plan_execution(spec, ClusterFacts(gpus=1, gpu=gpu_named("H100-80GB")))
     assert "phase: train" in str(refused.value)
+
+
+def test_a_run_plans_with_the_models_config_where_model_shape_matches_it(tmp_path: Path) -> None:
+    from kuberl.api.memory import gpu_named
+    from kuberl.trainer.plan.execution import plan_execution
+
+    declared = _dynamic(tmp_path, QWEN2_5_0_5B_SHAPE, enabled=True)
+    undeclared = _dynamic(tmp_path, enabled=True)
+    h100 = ClusterFacts(gpus=1, gpu=gpu_named("H100-80GB"))
+    assert plan_execution(declared, h100) == plan_execution(undeclared, h100)
+
+
+def test_a_model_shape_that_is_not_the_models_is_refused_naming_what_differs(tmp_path: Path) -> None:
+    from kuberl.api.memory import gpu_named
+    from kuberl.api.validation import InvalidSpec
+    from kuberl.trainer.plan.execution import plan_execution
+
+    spec = _dynamic(tmp_path, {**QWEN2_5_0_5B_SHAPE, "numHiddenLayers": 12, "attentionBias": False}, enabled=True)
+    with pytest.raises(InvalidSpec, match=r"spec.model.shape: declares another shape") as refused:
+        plan_execution(spec, ClusterFacts(gpus=1, gpu=gpu_named("H100-80GB")))
+    assert "layers 12 (the model: 24), qkv_bias False (the model: True)" in str(refused.value)

@@ -199,11 +199,12 @@ def api_markdown() -> str:
             "",
             "### The operator's checks",
             "",
-            "What the CRD cannot check: the chart's trust policy (docs/security.md) and free-form Kubernetes "
-            "objects. The operator refuses such a job (phase `Failed`, `Valid=False`, naming the field) before it "
+            "What the CRD cannot check: the chart's trust policy (docs/security.md), free-form Kubernetes "
+            "objects and the memory plan (`plan-fits`: the message is the plan `kuberl plan` prints). The operator "
+            "refuses such a job (phase `Failed`, `Valid=False`, naming the field) before it "
             "creates anything, and `kuberl validate` makes the same checks: with the chart's defaults, with a values "
             "file (`--policy VALUES`), or with the installed operator's settings (`--cluster`). `kuberl run` (one "
-            "machine, no pods) skips them.",
+            "machine, no pods) skips them; its trainer plans with the model's own config.",
             "",
             "| id | what it refuses |",
             "|---|---|",

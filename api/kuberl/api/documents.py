@@ -85,7 +85,7 @@ def looks_like_verl(doc: Any) -> bool:
 
 def check(source: str, doc: Any, policy: Policy | None = None) -> Checked:
     """The verdict of the apiserver and then of the operator (the chart's trust `policy`, by default the chart's
-    defaults, and the free-form pod fields) on one document."""
+    defaults, the free-form pod fields and the memory plan) on one document."""
     metadata = doc.get("metadata") if isinstance(doc, dict) else None
     name = str(metadata.get("name", "?")) if isinstance(metadata, dict) else "?"
     if is_other_kind(doc):
@@ -103,12 +103,17 @@ def check(source: str, doc: Any, policy: Policy | None = None) -> Checked:
 
 
 def load_rljob(
-    path: str | Path, overrides: list[str] | None = None, *, one_machine: bool = False
+    path: str | Path,
+    overrides: list[str] | None = None,
+    *,
+    one_machine: bool = False,
+    ignore: frozenset[str] = frozenset(),
 ) -> tuple[str, RLJobSpec]:
     """The single RLJob of `path` (name, spec) with `--set` overrides applied, or InvalidSpec with every issue.
 
     Documents of other kinds in the file are ignored, as `kuberl validate` skips them. `one_machine` (`kuberl run`)
     skips the rules about Kubernetes pods (POD_RULES, OPERATOR_RULES): one machine has one filesystem and no pods.
+    `ignore` skips the rules of those ids (`kuberl plan` prints the plan the `plan-fits` rule refuses with).
     """
     docs = [(source, doc) for source, doc in load_documents(path) if not is_other_kind(doc)]
     if len(docs) != 1:
@@ -120,6 +125,7 @@ def load_rljob(
     issues = checked.issues
     if one_machine:
         issues = [i for i in issues if i.rule not in POD_RULES and i.rule not in OPERATOR_RULES]
+    issues = [i for i in issues if i.rule not in ignore]
     if issues:
         raise InvalidSpec(issues, source)
     return checked.name, RLJobSpec.model_validate(doc["spec"])

@@ -145,6 +145,29 @@ class ModelShape:
         return self.vocab * self.hidden + self.layers * self.layer_params + self.hidden + self.hidden
 
 
+def config_shape(config: dict[str, Any]) -> ModelShape:
+    """From a Hugging Face config.json (Llama, Qwen2/3, Mistral, Gemma-style keys), or model.shape's fields."""
+    text = config.get("text_config", config)
+    heads = int(text["num_attention_heads"])
+    return ModelShape(
+        vocab=int(text["vocab_size"]),
+        hidden=int(text["hidden_size"]),
+        layers=int(text["num_hidden_layers"]),
+        heads=heads,
+        kv_heads=int(text.get("num_key_value_heads") or heads),
+        intermediate=int(text["intermediate_size"]),
+        tie_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+        qkv_bias=bool(text.get("attention_bias", text.get("model_type") == "qwen2")),
+        head_dim=int(text.get("head_dim") or 0),
+    )
+
+
+def declared_shape(spec: RLJobSpec) -> ModelShape | None:
+    """The shape model.shape declares, if it does."""
+    declared = spec.model.shape
+    return None if declared is None else config_shape(declared.model_dump())
+
+
 @dataclass(frozen=True)
 class GPU:
     name: str

@@ -1,4 +1,5 @@
-"""The operator's own admission, beyond the CRD's rules: the chart's trust policy and the free-form pod fields.
+"""The operator's own admission, beyond the CRD's rules: the chart's trust policy, the free-form pod fields and
+the memory plan.
 
 The CRD cannot know the chart's settings, and its schema cannot type free-form Kubernetes objects (volume sources,
 affinity, env sources), so these checks run in the operator before it creates anything (Valid=False naming the
@@ -8,6 +9,7 @@ field) and in `kuberl validate` with the same code, so that both give one verdic
   the chart's `security.*` values. Each message names the chart value that would allow it.
 - **pods**: volume names and mount paths the operator uses itself, a checkpoint folder on a pod-local emptyDir, a
   Ray version without token authentication, and the size of the free-form fields.
+- **memory**: a job whose plan does not fit the GPU its trainer pool's node selector names (memory_admission.py).
 
 `Policy()` is the chart's defaults (tests/chart pins the two together); `policy_from_values` reads a values file
 (`kuberl validate --policy`), `policy_from_arguments` the operator's flags, which is also how
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kuberl.api.contract import CHECKPOINT_MOUNT, SPEC_DIR
+from kuberl.api.memory_admission import PLAN_FITS_RULE, memory_issues
 from kuberl.api.spec import RLJobSpec
 from kuberl.api.validation import Issue
 
@@ -64,6 +67,8 @@ OPERATOR_RULES = {
     "bytes of JSON together",
     "checkpoint-folder-unshared": "an absolute trainer.checkpointDir that another RLJob of the namespace already "
     "uses (checked by the operator only: it needs the other RLJobs)",
+    PLAN_FITS_RULE: "a job whose memory plan (kuberl plan) does not fit the GPU the trainer pool's nodeSelector names, "
+    "where model.shape gives the model's shape",
 }
 """The operator's checks by id, with what each refuses (a trainer on one machine, `kuberl run`, skips them)."""
 
@@ -186,7 +191,7 @@ def policy_of_operator_args(argv: list[str]) -> Policy:
 
 def operator_issues(spec: RLJobSpec, policy: Policy) -> list[Issue]:
     """Everything the operator refuses in a spec that passed the CRD's rules; empty when it refuses nothing."""
-    return trust_issues(spec, policy) + pod_issues(spec)
+    return trust_issues(spec, policy) + pod_issues(spec) + memory_issues(spec)
 
 
 def trust_issues(spec: RLJobSpec, policy: Policy) -> list[Issue]:

@@ -64,6 +64,25 @@ class LoRA(SpecModel):
     )
 
 
+class ConfigShape(SpecModel):
+    """The model's shape in its config.json's own keys (camelCased): what admission plans GPU memory with where
+    model.path is readable only in the pods. The trainer refuses a shape that differs from the model's config."""
+
+    vocab_size: int = Field(ge=1, le=4_194_304, description="config.json vocab_size.")
+    hidden_size: int = Field(ge=1, le=65536, description="config.json hidden_size.")
+    num_hidden_layers: int = Field(ge=1, le=1024, description="config.json num_hidden_layers.")
+    num_attention_heads: int = Field(ge=1, le=1024, description="config.json num_attention_heads.")
+    num_key_value_heads: int | None = Field(
+        None, ge=1, le=1024, description="config.json num_key_value_heads; unset: num_attention_heads (no GQA)."
+    )
+    intermediate_size: int = Field(ge=1, le=1_048_576, description="config.json intermediate_size.")
+    head_dim: int | None = Field(None, ge=1, le=4096, description="config.json head_dim; unset: hidden ÷ heads.")
+    tie_word_embeddings: bool = Field(False, description="config.json tie_word_embeddings.")
+    attention_bias: bool = Field(
+        False, description="config.json attention_bias; true for Qwen2, whose q, k and v projections have biases."
+    )
+
+
 class Model(SpecModel):
     path: PathStr = Field(
         description="Policy model: a local Hugging Face folder, a .gguf file, hf://ORG/NAME[@REVISION] (through the "
@@ -85,6 +104,12 @@ class Model(SpecModel):
         "runs are never compiled.",
     )
     lora: LoRA | None = Field(None, description="Train a LoRA adapter instead of all weights.")
+    shape: ConfigShape | None = Field(
+        None,
+        description="The model's shape, for the memory plan at admission (`kuberl plan` prints it): with it and a "
+        "GPU the trainer pool's nodeSelector names, a job whose plan does not fit the card is refused before a Ray "
+        "cluster starts. Copy it from the model's config.json.",
+    )
 
 
 # --- algorithm ---------------------------------------------------------------------

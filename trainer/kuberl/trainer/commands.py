@@ -45,7 +45,8 @@ def add_commands(
     plan_p = sub.add_parser(
         "plan",
         help="per-GPU memory of each role and phase before launch: does it fit, the largest micro-batch that does",
-        description="Reads the model's shape (tiny://, GGUF, config.json) without loading weights. The GPU comes "
+        description="Reads the model's shape (model.shape, else tiny://, GGUF, config.json) without loading weights. "
+        "The GPU comes "
         f"from the pool's node selector ({', '.join(GPU_LABELS)}, or an instance type of one GPU model) or --gpu.",
     )
     plan_p.add_argument("file", help="RLJob YAML (one document)")
@@ -60,8 +61,8 @@ def add_commands(
     plan_p.add_argument(
         "--model",
         metavar="SOURCE",
-        help="read the model's shape here instead of model.path, which may exist only in the pods: a local copy of "
-        "its folder or config.json, hf://ORG/NAME, a .gguf file",
+        help="read the model's shape here instead of model.shape or model.path, which may exist only in the pods: a "
+        "local copy of its folder or config.json, hf://ORG/NAME, a .gguf file",
     )
     add_format_option(plan_p)
     add_set_argument(plan_p)
@@ -187,13 +188,14 @@ def plan(args: argparse.Namespace) -> int:
     import json
 
     from kuberl.api import InvalidSpec, load_rljob, plan_batches
-    from kuberl.api.memory import format_plan, gpu_named, gpu_of, plan_memory
+    from kuberl.api.memory import declared_shape, format_plan, gpu_named, gpu_of, plan_memory
+    from kuberl.api.memory_admission import PLAN_FITS_RULE
     from kuberl.trainer.model.loading import ModelNotFoundError
     from kuberl.trainer.model.shape import model_shape
     from kuberl.trainer.plan.layout import ClusterFacts, PlacementError, plan_rollout_layout
 
     try:
-        name, spec = load_rljob(args.file, args.set)
+        name, spec = load_rljob(args.file, args.set, ignore=frozenset({PLAN_FITS_RULE}))
     except InvalidSpec as exc:
         print_invalid(exc, args.file, rljob_name(args.file))
         return 1
@@ -206,7 +208,7 @@ def plan(args: argparse.Namespace) -> int:
     try:
         gpu = gpu_named(args.gpu) if args.gpu else gpu_of(spec)
         rollout_gpu = gpu_named(args.gpu) if args.gpu else gpu_of(spec, "rollout")
-        shape = model_shape(args.model or spec.model.path)
+        shape = model_shape(args.model) if args.model else declared_shape(spec) or model_shape(spec.model.path)
         layout = (
             None if args.gpus is None else plan_rollout_layout(spec, plan_batches(spec), ClusterFacts(gpus=args.gpus))
         )
@@ -240,7 +242,7 @@ def pod_only_hint(spec: RLJobSpec) -> str:
     return (
         f"\nmodel.path {path} is on the volume {mount.name} of the pods, not on this machine: read the model's "
         f"shape elsewhere with --model, e.g. --model hf://ORG/{path.rstrip('/').rsplit('/', 1)[-1]} or a local "
-        "folder holding its config.json"
+        "folder holding its config.json, or declare it in model.shape (admission then plans with it too)"
     )
 
 

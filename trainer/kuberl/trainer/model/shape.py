@@ -6,10 +6,13 @@ Reads `tiny://` parameters, a GGUF file's metadata, or a Hugging Face `config.js
 from __future__ import annotations
 
 import json
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from kuberl.api.memory import ModelShape
+from kuberl.api.memory import ModelShape, config_shape, declared_shape
+from kuberl.api.spec import RLJobSpec
+from kuberl.api.validation import InvalidSpec, Issue
 from kuberl.trainer.model.loading import (
     TINY_SCHEME,
     WHAT_TO_PASS,
@@ -42,21 +45,25 @@ def model_shape(path: str) -> ModelShape:
     raise ModelNotFoundError(f"{path!r}: no model config found; {WHAT_TO_PASS}")
 
 
-def config_shape(config: dict[str, Any]) -> ModelShape:
-    """From a Hugging Face config.json (Llama, Qwen2/3, Mistral, Gemma-style keys)."""
-    text = config.get("text_config", config)
-    heads = int(text["num_attention_heads"])
-    return ModelShape(
-        vocab=int(text["vocab_size"]),
-        hidden=int(text["hidden_size"]),
-        layers=int(text["num_hidden_layers"]),
-        heads=heads,
-        kv_heads=int(text.get("num_key_value_heads") or heads),
-        intermediate=int(text["intermediate_size"]),
-        tie_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-        qkv_bias=bool(text.get("attention_bias", text.get("model_type") == "qwen2")),
-        head_dim=int(text.get("head_dim") or 0),
+def checked_model_shape(spec: RLJobSpec) -> ModelShape:
+    """model.path's shape; InvalidSpec where model.shape declares another, which admission planned the job with."""
+    shape = model_shape(spec.model.path)
+    declared = declared_shape(spec)
+    if declared is None:
+        return shape
+    shape, declared = replace(shape, head_dim=shape.dim), replace(declared, head_dim=declared.dim)
+    if declared == shape:
+        return shape
+    differs = ", ".join(
+        f"{f.name} {getattr(declared, f.name)} (the model: {getattr(shape, f.name)})"
+        for f in fields(ModelShape)
+        if getattr(declared, f.name) != getattr(shape, f.name)
     )
+    message = (
+        f"declares another shape than {spec.model.path}'s config: {differs}; admission planned the job's memory "
+        "with model.shape: copy it from the model's config.json, or remove it"
+    )
+    raise InvalidSpec([Issue("spec.model.shape", message, "shape-of-the-model")])
 
 
 def gguf_shape(path: Path) -> ModelShape:

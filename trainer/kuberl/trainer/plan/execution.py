@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kuberl.api.batching import BatchPlan, plan_batches
-from kuberl.api.memory import GIB, GPU, does_not_fit, gpu_of, plan_memory, token_budget
+from kuberl.api.memory import GIB, GPU, gpu_of, plan_memory, token_budget
+from kuberl.api.memory_admission import plan_refusal
 from kuberl.api.spec import RLJobSpec
 from kuberl.trainer.algorithms.losses import PolicyLossConfig
 from kuberl.trainer.plan.layout import ClusterFacts, PlacementError, RolloutLayout, plan_rollout_layout
@@ -204,11 +205,12 @@ def checked_token_budget(spec: RLJobSpec, layout: RolloutLayout, gpu: GPU | None
     it out; a job whose plan does not fit ``gpu`` is refused here, with the plan, before anything is loaded."""
     if gpu is None or spec.cluster.device != "cuda":
         return token_budget(spec, None, None, None)
-    from kuberl.trainer.model.shape import model_shape
+    from kuberl.trainer.model.shape import checked_model_shape
 
-    plan = plan_memory(spec, model_shape(spec.model.path), gpu, layout=layout.kind)
-    if not plan.fits:
-        raise PlacementError(does_not_fit("", plan))
+    plan = plan_memory(spec, checked_model_shape(spec), gpu, layout=layout.kind)
+    refusal = plan_refusal(plan)
+    if refusal is not None:
+        raise PlacementError(refusal)
     return plan.token_budget
 
 
