@@ -54,13 +54,13 @@ def test_of_two_rljobs_on_one_absolute_folder_the_running_one_keeps_it() -> None
     doc = {**base_spec(), "storage": {"claimName": "shared"}, "trainer": {"checkpointDir": f"{CHECKPOINT_MOUNT}/run"}}
     running = obj("first", "zzz", "2026-12-05T10:00:00Z", doc, rayJobName="first")
     newer = obj("second", "aaa", "2026-12-05T10:00:00Z", doc)  # the same second, a smaller uid
-    issue = shared_folder_issue(newer, RLJobSpec.model_validate(doc), [running, newer])
+    issue = shared_folder_issue(newer, RLJobSpec.model_validate(doc), lambda: [running, newer])
     assert issue is not None and "RLJob first (uid zzz)" in issue and f"{CHECKPOINT_MOUNT}/run" in issue
-    assert shared_folder_issue(running, RLJobSpec.model_validate(doc), [running, newer]) is None
+    assert shared_folder_issue(running, RLJobSpec.model_validate(doc), lambda: [running, newer]) is None
 
 
 def test_an_rljob_the_operator_refused_holds_no_folder() -> None:
     doc = {**base_spec(), "storage": {"claimName": "shared"}, "trainer": {"checkpointDir": f"{CHECKPOINT_MOUNT}/run"}}
     refused = obj("old", "u0", "2026-12-05T09:00:00Z", doc, conditions=[{"type": "Valid", "status": "False"}])
     new = obj("new", "u1", "2026-12-05T10:00:00Z", doc)
-    assert shared_folder_issue(new, RLJobSpec.model_validate(doc), [refused, new]) is None
+    assert shared_folder_issue(new, RLJobSpec.model_validate(doc), lambda: [refused, new]) is None

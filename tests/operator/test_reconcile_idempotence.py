@@ -12,6 +12,7 @@ import kopf
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from kuberl.api.contract import CHECKPOINT_MOUNT
 from kuberl.api.policy import Policy
 from kuberl.operator import reconcile
 
@@ -151,6 +152,16 @@ def test_ensure_twice_creates_one_of_each_and_writes_status_once() -> None:
     assert status["observedGeneration"] == 1
     assert {c["type"]: c["status"] for c in status["conditions"]}["Valid"] == "True"
     assert api.objects[("rayjob", "job")]["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
+
+
+def test_a_job_in_its_own_checkpoint_folder_is_created_without_reading_the_other_rljobs() -> None:
+    api = FakeApi()
+    for i in range(3):  # the default: a relative checkpointDir, in each job's own folder on its claim
+        reconcile.ensure(api, rljob(api, f"job-{i}"))
+    assert "list rljobs" not in api.calls and len([k for k in api.objects if k[0] == "rayjob"]) == 3
+    absolute = rljob(api, "shared", storage={"claimName": "team"}, trainer={"checkpointDir": f"{CHECKPOINT_MOUNT}/x"})
+    reconcile.ensure(api, absolute)
+    assert api.calls.count("list rljobs") == 1
 
 
 def test_every_child_is_owned_by_the_rljob_and_the_ray_token_is_left_to_kuberay() -> None:

@@ -574,7 +574,7 @@ def desired_children(
         invalid(api, body, issues)
     spec = RLJobSpec.model_validate(_plain(body["spec"]))
     refused = [str(issue) for issue in operator_issues(spec, api.trust)]
-    shared = shared_folder_issue(_plain(body), spec, api.list_rljobs(meta["namespace"]))
+    shared = shared_folder_issue(_plain(body), spec, lambda: api.list_rljobs(meta["namespace"]))
     if refused or shared:
         invalid(api, body, refused + ([shared] if shared else []))
     try:
