@@ -6,7 +6,10 @@ Starts etcd + kube-apiserver (e2e/harness.py), the operator as a process (`pytho
 --namespace bench`), then creates the RLJobs from a thread pool as fast as the apiserver takes them, and watches:
 - creation → RayJob latency: from the moment the client sent the RLJob's POST to the RayJob's ADDED watch event;
 - creation → status latency: until the RLJob's status carries `rayJobName` (the operator finished the reconcile);
-- the operator's RSS (VmRSS of its process) before, at peak (sampled every 100 ms) and after;
+- the operator's RSS (VmRSS of its process) before, at peak (sampled every 100 ms) and after; with
+  `--delete-after S`, also once every RLJob is deleted (the garbage collector of kube-controller-manager removes
+  their children) and S seconds later: what the operator keeps of a burst that is gone; with `--bursts N`, N bursts
+  of as many RLJobs one after the other, each deleted before the next: whether a burst adds to what the last kept;
 - the apiserver writes per RLJob (POST/PUT/PATCH/DELETE from the apiserver's own `apiserver_request_total`, by
   resource, the client's RLJob POSTs not counted);
 - the floor: before the operator starts, a bare client does the essential writes of the same number of RLJobs
@@ -26,6 +29,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 for sub in ("api", "operator", "trainer", "."):
@@ -43,6 +47,7 @@ from kuberl.operator.rayjob import render_configmap, render_rayjob  # noqa: E402
 
 NAMESPACE = "bench"
 FLOOR_NAMESPACE = "bench-floor"
+RLJOBS = ("kuberl.io", "v1alpha1", NAMESPACE, "rljobs")
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -96,9 +101,10 @@ def floor_run(custom: client.CustomObjectsApi, core: client.CoreV1Api, jobs: int
     return time.monotonic() - t0
 
 
-def rss_mib(pid: int) -> float:
+def rss_mib(pid: int, field: str = "VmRSS:") -> float:
+    """A process's resident set (VmRSS), or its peak over the process's life (VmHWM), in MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field):
             return int(line.split()[1]) / 1024
     return 0.0
 
@@ -150,10 +156,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=16, help="operator --max-workers")
     parser.add_argument("--rate", type=float, default=0.0, help="create RLJobs at this steady rate per s (0: burst)")
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument(
+        "--delete-after",
+        type=float,
+        metavar="S",
+        help="then delete every RLJob and sample the operator's RSS once they are gone and S seconds later",
+    )
+    parser.add_argument(
+        "--bursts",
+        type=int,
+        default=1,
+        help="with --delete-after: create, reconcile and delete the same RLJobs this many times, sampling the RSS "
+        "once each burst is gone (a leak grows it burst by burst)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
-    with Cluster(controller_manager=False) as cluster:
+    with Cluster(controller_manager=args.delete_after is not None) as cluster:
         require_rljob_crd(cluster)
         api_client = cluster.api_client()
         custom = client.CustomObjectsApi(api_client)
@@ -244,6 +263,36 @@ def main(argv: list[str] | None = None) -> int:
         rljobs = custom.list_namespaced_custom_object("kuberl.io", "v1alpha1", NAMESPACE, "rljobs")["items"]
         with_status = sum(1 for o in rljobs if (o.get("status") or {}).get("rayJobName"))
         metrics = operator.metrics()
+        rss_deleted = rss_settled = None
+        rss_bursts_deleted: list[float] = []
+        if args.delete_after is not None:
+
+            def listed() -> list[dict[str, Any]]:
+                return custom.list_namespaced_custom_object(*RLJOBS)["items"]  # type: ignore[no-any-return]
+
+            def delete_all(burst: list[str]) -> float:
+                """Deletes the burst's RLJobs and waits until none is left: the operator's RSS then."""
+                with ThreadPoolExecutor(args.client_threads) as pool:
+                    list(pool.map(lambda n: custom.delete_namespaced_custom_object(*RLJOBS, n), burst))
+                deadline = time.monotonic() + args.timeout
+                while listed() and time.monotonic() < deadline:
+                    time.sleep(1)
+                return rss_mib(pid)
+
+            rss_deleted = delete_all(names)
+            for b in range(2, args.bursts + 1):  # another burst as large: does it add to what the last one kept?
+                burst = [f"bench-{b}-{i:04d}" for i in range(args.jobs)]  # new names: the old RayJobs may remain
+                with ThreadPoolExecutor(args.client_threads) as pool:
+                    list(pool.map(lambda n: custom.create_namespaced_custom_object(*RLJOBS, rljob(n)), burst))
+                deadline = time.monotonic() + args.timeout
+                while time.monotonic() < deadline and args.jobs > sum(
+                    1 for o in listed() if (o.get("status") or {}).get("rayJobName")
+                ):
+                    time.sleep(1)
+                rss_bursts_deleted.append(delete_all(burst))
+            time.sleep(args.delete_after)
+            rss_settled = rss_mib(pid)
+        rss_hwm = rss_mib(pid, "VmHWM:")
         operator.stop()
 
     to_rayjob = [rayjobs.seen[n] - sent[n] for n in names if n in rayjobs.seen]
@@ -294,7 +343,15 @@ def main(argv: list[str] | None = None) -> int:
             "max": round(max(to_status, default=float("nan")), 3),
             "n": len(to_status),
         },
-        "operator_rss_mib": {"idle": round(rss_idle, 1), "peak": round(peak[0], 1), "after": round(rss_after, 1)},
+        "operator_rss_mib": {
+            "idle": round(rss_idle, 1),
+            "peak": round(peak[0], 1),
+            "after": round(rss_after, 1),
+            **({} if rss_deleted is None else {"all_deleted": round(rss_deleted, 1)}),
+            **{f"burst_{i}_deleted": round(v, 1) for i, v in enumerate(rss_bursts_deleted, start=2)},
+            **({"peak_of_all_bursts": round(rss_hwm, 1)} if rss_bursts_deleted else {}),
+            **({} if rss_settled is None else {f"{args.delete_after:g}_s_later": round(rss_settled, 1)}),
+        },
         "reconcile_errors": errors,
         "handlers": handler_mean_s,
         "cpu_s": cpu_used,
@@ -317,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         f"patch) {floor_throughput:.1f} RLJobs/s; ratio {throughput / floor_throughput:.2f}"
     )
     rss = result["operator_rss_mib"]
-    print(f"operator RSS MiB: idle {rss['idle']}, peak {rss['peak']}, after {rss['after']}")
+    print("operator RSS MiB: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in rss.items()))
     print("handler runs (mean s): " + ", ".join(f"{h} {d['runs']} ({d['mean_s']})" for h, d in handler_mean_s.items()))
     print(
         f"CPU seconds during the {all_done_s:.0f} s run on {os.cpu_count()} CPUs: "
