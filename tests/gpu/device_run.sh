@@ -85,7 +85,7 @@ print('verl', m.version('verl'), 'vllm', vllm.__version__, 'transformers', trans
 env_setup() {
   # shellcheck disable=SC1091
   IN_PROCESS_ENGINE=1 source "$SITE/vllm_env.sh"
-  export PYTHONPATH="$ROOT/api:$ROOT/operator:$ROOT/trainer:$ROOT:$PYTHONPATH"
+  export PYTHONPATH="$ROOT/api:$ROOT/operator:$ROOT/sandbox:$ROOT/trainer:$ROOT:$PYTHONPATH"
   export VLLM_ALLOW_INSECURE_SERIALIZATION=1
   python3 - <<'EOF' 2>&1 | tee -a "$OUT/session.log"
 import time, torch
@@ -103,7 +103,7 @@ lite() {
   log "lite: trainer wheels"
   python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site-lite .device/lite/*.whl \
     >> "$OUT/install.log" 2>&1 || { log "lite wheels failed"; return 1; }
-  export PYTHONPATH="$ROOT/api:$ROOT/operator:$ROOT/trainer:$ROOT:/root/site-lite"
+  export PYTHONPATH="$ROOT/api:$ROOT/operator:$ROOT/sandbox:$ROOT/trainer:$ROOT:/root/site-lite"
   python3 -c "import torch, transformers, kuberl.trainer.workers.actor; print('gpu:', torch.cuda.get_device_name(0), \
 'torch', torch.__version__, 'transformers', transformers.__version__)" 2>&1 | tail -1 | tee -a "$OUT/session.log"
 }
