@@ -8,6 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from kuberl.trainer.observe.metrics import read_jsonl
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -74,3 +78,36 @@ def start_in_session(command: list[str]) -> subprocess.Popen[str]:
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def example_run(example: str, tmp_path: Path, *, steps: int, timeout: float) -> list[dict[str, Any]]:
+    """The step records of `kuberl run examples/<example>` as a learning check runs it: the example's data and model
+    from the checkout, no validation, no checkpoints, metrics in metrics.jsonl only."""
+    doc = yaml.safe_load((REPO / "examples" / example).read_text())
+    spec = doc["spec"]
+    if (REPO / spec["model"]["path"]).exists():
+        spec["model"]["path"] = str(REPO / spec["model"]["path"])
+    spec["data"]["trainFiles"] = [str(REPO / f) for f in spec["data"]["trainFiles"]]
+    spec["data"]["valFiles"] = []
+    assert spec["trainer"]["totalSteps"] == steps  # the example is the learning run
+    spec["trainer"].update(
+        testFreq=-1,
+        saveFreq=-1,
+        valBeforeTrain=False,
+        checkpointDir=str(tmp_path / "ckpt"),
+        metricsPort=0,
+        loggers=["jsonl"],
+    )
+    spec_file = tmp_path / example
+    spec_file.write_text(yaml.safe_dump(doc))
+    result = kuberl_run(spec_file, tmp_path / "run", timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    records = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "critic/score/mean" in r]
+    assert len(records) == steps
+    return records
+
+
+def window_means(records: list[dict[str, Any]], key: str, window: int) -> tuple[float, float]:
+    """The mean of `key` over the first and over the last `window` records."""
+    values = [float(r[key]) for r in records]
+    return sum(values[:window]) / window, sum(values[-window:]) / window

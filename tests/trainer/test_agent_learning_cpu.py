@@ -10,13 +10,10 @@ real path: local Ray, the tool workers, the masks, the reward function, the upda
 """
 
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
-from kuberl.trainer.observe.metrics import read_jsonl
-from tests.trainer.kuberl_cli import REPO, kuberl_run
+from tests.trainer.kuberl_cli import example_run, window_means
 
 STEPS = 16
 """The step budget: the example's 16 GRPO steps of 8 prompts × 4 samples."""
@@ -27,40 +24,12 @@ REWARD_GAIN = 0.25
 """Required rise of ``agent/tool_call_rate`` and ``critic/score/mean`` from the first window to the last."""
 
 
-def learning_run(tmp_path: Path) -> list[dict[str, Any]]:
-    doc = yaml.safe_load((REPO / "examples" / "agent-calculator-cpu.yaml").read_text())
-    spec = doc["spec"]
-    spec["model"]["path"] = str(REPO / spec["model"]["path"])
-    spec["data"]["trainFiles"] = [str(REPO / f) for f in spec["data"]["trainFiles"]]
-    spec["data"]["valFiles"] = []
-    assert spec["trainer"]["totalSteps"] == STEPS  # the example is the learning run
-    spec["trainer"].update(
-        testFreq=-1,
-        saveFreq=-1,
-        valBeforeTrain=False,
-        checkpointDir=str(tmp_path / "ckpt"),
-        metricsPort=0,
-        loggers=["jsonl"],
-    )
-    spec_file = tmp_path / "agent-learning.yaml"
-    spec_file.write_text(yaml.safe_dump(doc))
-    result = kuberl_run(spec_file, tmp_path / "run", timeout=500)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "critic/score/mean" in r]
-
-
-def window_means(records: list[dict[str, Any]], key: str) -> tuple[float, float]:
-    values = [float(r[key]) for r in records]
-    return sum(values[:WINDOW]) / WINDOW, sum(values[-WINDOW:]) / WINDOW
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_rl_raises_the_call_rate_and_the_reward_of_a_warmed_tiny_policy(tmp_path: Path) -> None:
-    records = learning_run(tmp_path)
-    assert len(records) == STEPS
-    rate = window_means(records, "agent/tool_call_rate")
-    reward = window_means(records, "critic/score/mean")
+    records = example_run("agent-calculator-cpu.yaml", tmp_path, steps=STEPS, timeout=500)
+    rate = window_means(records, "agent/tool_call_rate", WINDOW)
+    reward = window_means(records, "critic/score/mean", WINDOW)
     print(
         f"tool call rate {rate[0]:.3f} → {rate[1]:.3f}, reward {reward[0]:.3f} → {reward[1]:.3f}; per step "
         f"{[(round(r['agent/tool_call_rate'], 3), round(r['critic/score/mean'], 3)) for r in records]}"
