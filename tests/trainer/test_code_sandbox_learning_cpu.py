@@ -28,7 +28,7 @@ STEPS, WINDOW, GAIN = 10, 3, 0.15
 exceed that of its first 3 by GAIN."""
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(5400)
 def test_grpo_with_code_tests_raises_the_pass_rate_of_smollm2(tmp_path: Path) -> None:
     require_isolation()
