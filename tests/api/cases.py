@@ -678,6 +678,18 @@ INVALID_CASES: list[InvalidCase] = [
         "set rollout.overlap async or rollout.partialRollouts false",
     ),
     _case(
+        "async-remax",
+        "spec.rollout.overlap",
+        "async-without-remax",
+        _all(
+            _set("spec.rollout.placement", "separate"),
+            _set("spec.cluster.rollout", {"nodes": 1, "gpusPerNode": 8}),
+            _set("spec.rollout.overlap", "async"),
+            _set("spec.algorithm.advantageEstimator", "remax"),
+        ),
+        "algorithm.advantageEstimator remax needs each group's greedy baseline generated with the same weights",
+    ),
+    _case(
         "empty-rollout-pool-timeout-zero",
         "spec.runPolicy.emptyRolloutPoolTimeoutSeconds",
         "schema",

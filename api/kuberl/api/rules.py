@@ -630,6 +630,15 @@ RULES: tuple[Rule, ...] = (
         "rollout.overlap async or rollout.partialRollouts false",
         verl="ours",
     ),
+    Rule(
+        id="async-without-remax",
+        field="rollout.overlap",
+        rule="self.rollout.overlap != 'async' || self.algorithm.advantageEstimator != 'remax'",
+        message="rollout.overlap async generates group by group, but algorithm.advantageEstimator remax needs each "
+        "group's greedy baseline generated with the same weights as its samples; use rollout.overlap "
+        "oneStepOffPolicy or another estimator (grpo, rloo)",
+        verl="ours",
+    ),
     # --- security (docs/security.md): secrets are referenced, never copied; the spec stays small -----------------
     Rule(
         id="no-literal-credentials",
