@@ -87,8 +87,14 @@ def test_overlap_is_the_generation_inside_the_trainers_passes(started, finished,
     assert overlap_seconds(generated, 2.0, 6.0) == expected
 
 
-def test_staleness_is_the_policy_version_less_the_oldest_stamp():
+def test_staleness_is_the_policy_version_less_the_oldest_stamp_and_its_spread_over_the_rows():
     stamps = torch.tensor([3, 3, 2, 3])
-    assert staleness_metrics(stamps, policy_version=3) == {"rollout/weight_version": 2.0, "rollout/staleness": 1.0}
+    assert staleness_metrics(stamps, policy_version=3) == {
+        "rollout/weight_version": 2.0,
+        "rollout/staleness": 1.0,
+        "rollout/staleness/min": 0.0,
+        "rollout/staleness/mean": 0.25,
+        "rollout/staleness/max": 1.0,
+    }
     assert staleness_metrics(torch.tensor([5, 5]), policy_version=5)["rollout/staleness"] == 0.0
     assert staleness_metrics(None, policy_version=5) == {}  # rows without stamps (the agent loop's)

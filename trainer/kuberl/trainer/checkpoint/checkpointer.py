@@ -97,9 +97,10 @@ class Checkpointer:
         write(f"resumed from {folder} at step {step}")
         return step
 
-    def save(self, step: int, *, dataloader: dict[str, int] | None = None) -> str:
+    def save(self, step: int, *, dataloader: dict[str, Any] | None = None) -> str:
         """``dataloader``: the loader position to resume at, when it is not the loader's own (a batch drawn and
-        generated ahead of its step, not trained yet, is drawn and generated again after a resume)."""
+        generated ahead of its step, not trained yet, is drawn and generated again after a resume; asynchronous
+        training adds the prompts after it trained already)."""
         position = dataloader if dataloader is not None else self.loader.state_dict()
         try:
             return self._save(step, position)
@@ -109,7 +110,7 @@ class Checkpointer:
                 raise
             raise CheckpointStorageError(f"saving the checkpoint of step {step} failed: {problem}") from exc
 
-    def _save(self, step: int, position: dict[str, int]) -> str:
+    def _save(self, step: int, position: dict[str, Any]) -> str:
         folder = ckpt.prepare(self.checkpoint_dir, step)
         for role, group in self.roles:
             group.call("save_checkpoint", str(folder / role))

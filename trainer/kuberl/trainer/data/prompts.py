@@ -211,6 +211,9 @@ class PromptLoader:
         self.shuffle = shuffle
         self.epoch = 0
         self.batch_in_epoch = 0
+        self.trained_ahead: tuple[int, ...] = ()
+        """Offsets from the position of prompts trained before it was saved (asynchronous training trains prompts
+        out of order): the resumed run skips them."""
 
     def __len__(self) -> int:
         return len(self.dataset) // self.batch_size
@@ -242,7 +245,7 @@ class PromptLoader:
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if not 0 <= state["batch_in_epoch"] <= len(self):
             raise DataError(
                 f"loader state {state} is past the {len(self)} batches per epoch of this data; the data "
@@ -250,6 +253,7 @@ class PromptLoader:
             )
         self.epoch = state["epoch"]
         self.batch_in_epoch = state["batch_in_epoch"]
+        self.trained_ahead = tuple(state.get("trained_ahead", ()))
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from kuberl.trainer.experience.metrics import perf_metrics
 from kuberl.trainer.model.loading import model_family_flops_per_token
 from kuberl.trainer.observe.metrics import Timer
 from kuberl.trainer.plan.execution import ExecutionPlan, trainer_gpu
-from kuberl.trainer.plan.layout import ClusterFacts, PlacementError, engine_actor_options, rollout_pool_labelled
-from kuberl.trainer.rollout.engine_group import EngineGroup
+from kuberl.trainer.plan.layout import ClusterFacts, PlacementError, rollout_pool_labelled
+from kuberl.trainer.rollout.engine_pool import EnginePool
 from kuberl.trainer.rollout.registry import EngineContext, engine
 
 if TYPE_CHECKING:
@@ -48,8 +48,10 @@ class Cluster:
         self.actor: WorkerGroup
         self.critic: WorkerGroup | None = None
         self.reward_model: WorkerGroup | None = None
-        self.rollout: EngineGroup | None = None
+        self.rollout: EnginePool | None = None
         """The separate engines; None when each trainer rank holds a colocated engine."""
+        self.connected: list[Any] = []
+        """The engine actors the trainer ranks' weight transfer is connected to."""
         self.agent: AgentLoop | None = None
         """The multi-turn loop (rollout.agent); None for single-turn rollouts."""
         self.pad_id: int
@@ -155,40 +157,61 @@ class Cluster:
         self.flops_per_token = model_family_flops_per_token(self.load_model_config())
 
     def start_rollout(self) -> None:
-        """Start the separate engines (vLLM with dummy weights; ``hf`` on CPU from the model's own), connect the
-        trainer ranks to them and send the policy's weights once (version 0)."""
-        import ray
+        """Start the separate engines (vLLM with dummy weights; ``hf`` on CPU from the model's own) as a pool that
+        follows the rollout nodes, connect the trainer ranks to them and send the policy's weights (version 0)."""
         import torch
 
         plan, layout = self.plan, self.plan.rollout
         assert layout.transport is not None, "a separate layout names its transport"
-        options = [
-            engine_actor_options(layout, i, trainer_placement_group=self.pg, share=plan.shares.rollout)
-            for i in range(layout.engines)
-        ]
+        pool = self.spec.rollout_pool
+        assert pool is not None, "a separate layout has a rollout pool"
         device = torch.device("cuda" if layout.gpus_per_engine else "cpu")
         context = EngineContext(pad_id=self.pad_id, eos_ids=self.eos_ids, device=device, threads=plan.threads)
-        separate = engine(plan.engine.name).make_separate(plan.engine, context, layout.transport)
-        rollout = EngineGroup.spawn(
-            separate.actor_class,
-            options,
-            plan.engine.model_path,
+        self.rollout = EnginePool(
+            engine(plan.engine.name).make_separate(plan.engine, context, layout.transport),
+            layout,
+            model_path=plan.engine.model_path,
             pad_id=self.pad_id,
             seed=plan.engine.seed,
-            **separate.kwargs,
+            engines_per_node=max(layout.engines // pool.nodes, 1),
+            trainer_placement_group=self.pg,
+            share=plan.shares.rollout,
+            empty_timeout=self.spec.run_policy.empty_rollout_pool_timeout_seconds,
+            send=self.send_weights,
+            write=self.write,
         )
-        self.rollout = rollout
-        self.groups.append(rollout)
-        group = None
-        if layout.transport == "nccl":
-            group = ray.get(self.actor.workers[0].broadcast_group.remote([layout.gpus_per_engine] * layout.engines))
-        self.actor.call("connect_rollout", rollout.engines, layout.transport, group)
-        self.actor.call("sync_weights", 0)
+        self.groups.append(self.rollout)
+        self.rollout.start()
+        self.rollout.update(0)
         devices = f"{layout.gpus_per_engine} GPU(s)" if layout.gpus_per_engine else "CPU"
         self.write(
-            f"rollout: {layout.engines} separate {engine(plan.engine.name).title} engine(s) of {devices}, "
+            f"rollout: {self.rollout.size} separate {engine(plan.engine.name).title} engine(s) of {devices}, "
             f"{layout.kind} layout, weights by {layout.transport}"
         )
+
+    def send_weights(self, engines: list[Any], version: int) -> list[int]:
+        """The trainer ranks send weights ``version`` to ``engines``, reconnecting their weight transfer first when
+        the engines changed; the indices of engines found dead."""
+        import ray
+
+        layout = self.plan.rollout
+        if engines != self.connected:
+            group = None
+            if layout.transport == "nccl":
+                sizes = [layout.gpus_per_engine] * len(engines)
+                group = ray.get(self.actor.workers[0].broadcast_group.remote(sizes))
+            self.actor.call("connect_rollout", engines, layout.transport, group)
+            self.connected = list(engines)
+        lost: list[int] = self.actor.call("sync_weights", version)[0]
+        return lost
+
+    def sync_weights(self, version: int) -> None:
+        """The updated weights, version ``version``, into the rollout engines (the separate pool's, joined engines
+        included, or every rank's own)."""
+        if self.rollout is not None:
+            self.rollout.update(version)
+        else:
+            self.actor.call("sync_weights", version)
 
     def start_agent(self, tokenizer: Any, prompts: list[Prompt]) -> AgentLoop | None:
         """The multi-turn loop with its tool workers (rollout.agent), or None for single-turn rollouts."""

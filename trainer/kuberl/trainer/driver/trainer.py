@@ -117,6 +117,7 @@ class Trainer:
             reporting=self.reporting,
         )
         self.global_step = self.checkpoints.resume()
+        self.experience.start(self.global_step, self.total_steps)
 
     # --- the loop --------------------------------------------------------------------------------------------
 
@@ -175,7 +176,7 @@ class Trainer:
             metrics = {**exp.metrics, **self.update(exp, timer)}
             overlap = self.experience.settle(timer)
             with timer("update_weights"):  # the updated weights, version global_step + 1 (this step's result)
-                self.cluster.actor.call("sync_weights", self.global_step + 1)
+                self.cluster.sync_weights(self.global_step + 1)
         metrics.update(taken.ahead_timings)
         metrics.update(timer.metrics())
         metrics.update(overlap)

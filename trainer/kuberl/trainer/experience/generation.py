@@ -12,14 +12,12 @@ from kuberl.trainer.plan.execution import Sampling
 
 if TYPE_CHECKING:
     from kuberl.trainer.rollout.agent import AgentLoop
-    from kuberl.trainer.rollout.engine_group import EngineGroup
+    from kuberl.trainer.rollout.engine_pool import EnginePool
     from kuberl.trainer.workers.group import WorkerGroup
 
 
 class Generation:
-    def __init__(
-        self, *, actor: WorkerGroup, engines: EngineGroup | None, agent: AgentLoop | None, pad_id: int
-    ) -> None:
+    def __init__(self, *, actor: WorkerGroup, engines: EnginePool | None, agent: AgentLoop | None, pad_id: int) -> None:
         self.actor = actor
         self.engines = engines
         self.agent = agent

@@ -106,9 +106,17 @@ def perf_metrics(
 def staleness_metrics(weight_version: Tensor | None, *, policy_version: int) -> dict[str, float]:
     """How far behind the policy that trains on the rows their generating weights are: ``rollout/staleness`` is
     ``policy_version`` (the step whose weights the update starts from) less the oldest ``weight_version`` the
-    engines stamped on the rows; 0 synchronous, 1 one-step-off-policy. Empty for rows without stamps (the agent
+    engines stamped on the rows; 0 synchronous, 1 one-step-off-policy, at most ``rollout.maxStaleness`` async,
+    where ``rollout/staleness/{min,mean,max}`` describe the rows' spread. Empty for rows without stamps (the agent
     loop's)."""
     if weight_version is None:
         return {}
     oldest = int(weight_version.min())
-    return {"rollout/weight_version": float(oldest), "rollout/staleness": float(policy_version - oldest)}
+    per_row = (policy_version - weight_version).float()
+    return {
+        "rollout/weight_version": float(oldest),
+        "rollout/staleness": float(policy_version - oldest),
+        "rollout/staleness/min": float(per_row.min()),
+        "rollout/staleness/mean": float(per_row.mean()),
+        "rollout/staleness/max": float(per_row.max()),
+    }

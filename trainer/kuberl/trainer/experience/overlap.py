@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -77,11 +78,15 @@ class AheadGeneration:
     def busy(self) -> bool:
         return self.in_flight is not None
 
-    def wait(self) -> Generated:
-        """The batch in flight, once generated (its exception, if it failed)."""
+    def wait(self, while_waiting: Callable[[], None] = lambda: None) -> Generated:
+        """The batch in flight, once generated (its exception, if it failed); ``while_waiting`` runs meanwhile,
+        every quarter second (the engine pool gives weights to engines that joined while it had none)."""
         if self.in_flight is None:
             raise RuntimeError("no batch is being generated ahead")
         try:
+            while not self.in_flight.done():
+                while_waiting()
+                futures.wait([self.in_flight], timeout=0.25)
             return self.in_flight.result()
         finally:
             self.in_flight = None

@@ -11,6 +11,7 @@ DAPO's overlong penalty (``reward.overlongBuffer``) is added to every score and 
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -49,6 +50,7 @@ class Scorer:
         self.rm_tokenizer = load_tokenizer(reward.model.path) if reward.model else None
         policy = RewardPolicy(reward.timeout_seconds, reward.on_error, reward.max_error_fraction)
         self.reward_fn: RewardScorer | None = None if reward.model else make_scorer(reward.function, policy)
+        self.lock = threading.Lock()
 
     def connect(self, *, agent: AgentLoop | None, reward_model: WorkerGroup | None) -> None:
         self.agent = agent
@@ -70,6 +72,10 @@ class Scorer:
         return scores + penalty, {**extra, OVERLONG_KEY: penalty}
 
     def raw_scores(self, samples: list[Prompt], rows: Rows) -> tuple[Tensor, dict[str, Tensor]]:
+        with self.lock:  # asynchronous generation scores on its own thread, validation on the driver's
+            return self._raw_scores(samples, rows)
+
+    def _raw_scores(self, samples: list[Prompt], rows: Rows) -> tuple[Tensor, dict[str, Tensor]]:
         sources = [s.data_source for s in samples]
         agent = self.agent
         if agent is not None and agent.agent.environment is not None:

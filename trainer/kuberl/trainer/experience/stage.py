@@ -6,13 +6,15 @@ and never reaches into how it is made (OpenRLHF's experience maker, verl's ``fit
 (:mod:`.overlap`); :meth:`~ExperienceStage.complete` adds the trainer's passes (old log-probs, reference log-probs,
 values), the token rewards (less the KL penalty with ``algorithm.kl.inReward``, which moves the KL controller) and
 the advantages; :meth:`~ExperienceStage.settle` waits for a generation still running before the weights change.
+With ``rollout.overlap: async`` the engines generate continuously from :meth:`~ExperienceStage.start` on and
+:meth:`~ExperienceStage.take` takes the groups that are ready (:mod:`.stream`).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,13 +30,14 @@ from kuberl.trainer.experience.metrics import data_metrics, staleness_metrics
 from kuberl.trainer.experience.overlap import AheadGeneration, Generated, draw, overlap_seconds
 from kuberl.trainer.experience.rounds import Rounds
 from kuberl.trainer.experience.scoring import Scorer
+from kuberl.trainer.experience.stream import GroupStream
 from kuberl.trainer.observe.metrics import Timer
 from kuberl.trainer.plan.execution import ExecutionPlan
 from kuberl.trainer.rewards.functions import NonFiniteRewardError
 
 if TYPE_CHECKING:
     from kuberl.trainer.rollout.agent import AgentLoop
-    from kuberl.trainer.rollout.engine_group import EngineGroup
+    from kuberl.trainer.rollout.engine_pool import EnginePool
     from kuberl.trainer.workers.group import WorkerGroup
 
 
@@ -57,7 +60,7 @@ class ExperienceStage:
         scorer: Scorer,
         actor: WorkerGroup,
         critic: WorkerGroup | None,
-        engines: EngineGroup | None,
+        engines: EnginePool | None,
         agent: AgentLoop | None,
         pad_id: int,
     ) -> None:
@@ -85,20 +88,43 @@ class ExperienceStage:
         """The background generation of the next batch (rollout.overlap oneStepOffPolicy); None when off."""
         self.pending: Generated | None = None
         """The batch generated ahead of its step, not trained yet."""
+        self.stream: GroupStream | None = None
+        """The continuous generation of rollout.overlap async; None otherwise."""
+        if spec.rollout.overlap == "async":
+            assert engines is not None, "async generation runs on separate engines"
+            self.stream = GroupStream(
+                pool=engines,
+                loader=loader,
+                scorer=scorer,
+                sampling=plan.train_sampling,
+                rollout_n=spec.batch.rollout_n,
+                max_staleness=spec.rollout.staleness_limit,
+                pad_id=pad_id,
+            )
+
+    def start(self, step: int, total_steps: int) -> None:
+        """The run trains steps ``step + 1 … total_steps`` from here (the engines hold the weights of ``step``):
+        asynchronous generation starts now."""
+        if self.stream is not None:
+            self.stream.start(step, total_steps)
 
     # --- one step's batch ------------------------------------------------------------------------------------------
 
     def take(self, timer: Timer, *, generate_next: bool) -> Taken:
         """This step's scored batch. Overlapped: the batch generated ahead (waited for at the first step of a run
         or a resume, ``timing_s/gen_wait``), and the next one starts with the weights the engines hold when
-        ``generate_next``; ``gen`` and ``reward`` are then the trained batch's timings."""
+        ``generate_next``; ``gen`` and ``reward`` are then the trained batch's timings. Asynchronous: the groups
+        ready first (waited for: ``timing_s/gen_wait``)."""
+        if self.stream is not None:
+            scored, epoch = self.stream.take(timer, generate_next=generate_next)
+            return Taken(scored, epoch, {})
         if self.ahead is None:
             drawn = draw(self.loader)
             return Taken(self.rounds.collect(drawn.prompts, timer), drawn.epoch, {})
         if self.pending is None:
             self.ahead.submit(draw(self.loader))
             with timer("gen_wait"):
-                self.pending = self.ahead.wait()
+                self.pending = self.ahead.wait(self.admit_engines)
         current, self.pending = self.pending, None
         if generate_next:
             self.ahead.submit(draw(self.loader))  # with the weights the engines hold: one step behind
@@ -113,13 +139,21 @@ class ExperienceStage:
         end, overlap = time.monotonic(), 0.0
         if self.ahead.busy:
             with timer("gen_wait"):
-                self.pending = self.ahead.wait()
+                self.pending = self.ahead.wait(self.admit_engines)
             overlap = overlap_seconds(self.pending, self.passes_started, end)
         return {"timing_s/overlap": overlap}
 
-    def resume_position(self) -> dict[str, int] | None:
+    def admit_engines(self) -> None:
+        """While the driver waits for a generation ahead: engines that joined an empty pool get the weights (only
+        the driver's main thread may send them)."""
+        if self.generation.engines is not None:
+            self.generation.engines.admit_if_empty()
+
+    def resume_position(self) -> dict[str, Any] | None:
         """The loader position a checkpoint keeps when a batch was drawn ahead but not trained: the one before it,
         so a resumed run generates it again (with the weights of the checkpoint). None: the loader's own."""
+        if self.stream is not None:
+            return self.stream.resume_position()
         return self.pending.drawn.position if self.pending else None
 
     # --- the trainer's passes and the advantages -------------------------------------------------------------------
@@ -219,8 +253,10 @@ class ExperienceStage:
             rollout_is_threshold=correction.threshold if correction.enabled else None,
         )
         staleness = staleness_metrics(exp.weight_version, policy_version=policy_version)
-        allowed = 0 if self.ahead is None else 1
-        if staleness and not 0 <= staleness["rollout/staleness"] <= allowed:
+        if self.generation.engines is not None:
+            staleness["rollout/engines"] = float(self.generation.engines.size)
+        allowed = self.spec.rollout.staleness_limit
+        if "rollout/staleness" in staleness and not 0 <= staleness["rollout/staleness"] <= allowed:
             raise RuntimeError(  # the loop's order rules it out: weights reached the engines out of step
                 f"step {policy_version + 1} trained on a batch generated by weights of step "
                 f"{staleness['rollout/weight_version']:.0f}, {staleness['rollout/staleness']:.0f} step(s) behind "
@@ -249,6 +285,8 @@ class ExperienceStage:
         """Wait for a generation still running ahead (it holds Ray calls on the engines)."""
         if self.ahead is not None:
             self.ahead.close()
+        if self.stream is not None:
+            self.stream.close()
 
 
 def check_finite_advantages(advantages: Tensor, mask: Tensor, scores: Tensor, estimator: str) -> None:

@@ -49,13 +49,17 @@ class EngineArgs:
     max_num_seqs: int
     enforce_eager: bool
     calculate_log_probs: bool
+    partial_rollouts: bool = False
+    """rollout.partialRollouts: a separate engine stops its generation when new weights arrive (engines whose
+    capabilities say they can; vLLM's do not, so its keyword arguments leave it out)."""
     load_format: str = "dummy"
     """The trainer sends the weights before the first rollout: no checkpoint read."""
 
     def kwargs(self) -> dict[str, Any]:
-        """Everything but the name and ``model_path``, as keyword arguments of the vLLM engine classes."""
+        """Everything but the name, ``model_path`` and ``partial_rollouts``, as keyword arguments of the vLLM engine
+        classes."""
         out = asdict(self)
-        del out["name"], out["model_path"]
+        del out["name"], out["model_path"], out["partial_rollouts"]
         return out
 
 
@@ -178,6 +182,7 @@ def plan_execution(spec: RLJobSpec, cluster: ClusterFacts | None = None) -> Exec
             max_num_seqs=r.max_num_seqs,
             enforce_eager=r.enforce_eager,
             calculate_log_probs=r.calculate_log_probs,
+            partial_rollouts=r.partial_rollouts,
         ),
         uses_reference=algo.kl.in_reward or algo.kl.loss.enabled,
         uses_critic=algo.advantage_estimator == "gae",

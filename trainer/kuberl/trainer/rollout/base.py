@@ -34,6 +34,9 @@ class RolloutBatch:
     weight_version: Tensor | None = None
     """``(N,)`` the version of the weights each row was generated with (the trainer step they came from), stamped
     by engines that receive versioned weights."""
+    finished: Tensor | None = None
+    """``(N,)`` bool: the row ended (eos or the token budget) rather than being stopped by new weights arriving
+    (rollout.partialRollouts); None when the engine was not asked to stop for them."""
 
     def __len__(self) -> int:
         return int(self.responses.shape[0])
@@ -49,6 +52,8 @@ class RolloutBatch:
             rows["rollout_log_probs"] = self.log_probs
         if self.weight_version is not None:
             rows["weight_version"] = self.weight_version
+        if self.finished is not None:
+            rows["finished"] = self.finished
         return rows
 
     @classmethod
@@ -60,6 +65,7 @@ class RolloutBatch:
             rows["response_mask"],
             rows.get("rollout_log_probs"),
             rows.get("weight_version"),
+            rows.get("finished"),
         )
 
     def stamped(self, version: int) -> RolloutBatch:

@@ -5,17 +5,19 @@ unsharded copy of the weights that the rank refreshes after every update from th
 parameter); generating through the sharded model instead would all-gather every layer for every new token.
 
 On CPU it can also run separate (:class:`HFEngineActor`, one Ray actor per engine), which is how CI exercises the
-separate placement and the overlapped one-step-off-policy loop without GPUs.
+separate placement, the overlapped one-step-off-policy loop and the asynchronous one with partial rollouts without
+GPUs.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
-from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel, StoppingCriteria, StoppingCriteriaList
 
 from kuberl.trainer.rollout.base import ColocatedRollout, RolloutBatch, left_pad, response_mask_from_eos
 
@@ -59,30 +61,34 @@ class HFRollout(ColocatedRollout):
         top_k: int = -1,
         max_new_tokens: int,
         stop: tuple[str, ...] = (),
+        interrupt: threading.Event | None = None,
     ) -> RolloutBatch:
-        """``stop`` is not applied: generation runs to eos or ``max_new_tokens`` (the agent loop cuts at the call)."""
+        """``stop`` is not applied: generation runs to eos or ``max_new_tokens`` (the agent loop cuts at the call).
+        ``interrupt``: once set, every row stops after its current token and the batch says which rows had ended
+        anyway (:attr:`RolloutBatch.finished`)."""
         if not prompts:
             raise ValueError("generate needs at least one prompt")
         expanded = [p for p in prompts for _ in range(n)]
         parts = [
-            self._generate_chunk(expanded[i : i + self.max_batch_size], temperature, top_p, top_k, max_new_tokens)
+            self._generate_chunk(
+                expanded[i : i + self.max_batch_size], temperature, top_p, top_k, max_new_tokens, interrupt
+            )
             for i in range(0, len(expanded), self.max_batch_size)
         ]
         if len(parts) == 1:
             return parts[0]
         from kuberl.trainer.model.microbatch import concat
 
-        rows = concat([p.as_rows() for p in parts], self.pad_id)
-        return RolloutBatch(
-            rows["prompts"],
-            rows["prompt_mask"],
-            rows["responses"],
-            rows["response_mask"],
-            rows.get("rollout_log_probs"),
-        )
+        return RolloutBatch.from_rows(concat([p.as_rows() for p in parts], self.pad_id))
 
     def _generate_chunk(
-        self, prompts: list[list[int]], temperature: float, top_p: float, top_k: int, max_new_tokens: int
+        self,
+        prompts: list[list[int]],
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        max_new_tokens: int,
+        interrupt: threading.Event | None,
     ) -> RolloutBatch:
         ids, mask = left_pad(prompts, self.pad_id)
         sample = temperature > 0
@@ -100,7 +106,10 @@ class HFRollout(ColocatedRollout):
             return_dict_in_generate=True,
         )
         out = self.generator.generate(
-            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), generation_config=config
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            generation_config=config,
+            stopping_criteria=StoppingCriteriaList([Interrupted(interrupt)]) if interrupt is not None else None,
         )
         sequences = out.sequences[:, ids.shape[1] :].cpu()
         if sequences.shape[1] == 0:  # max_new_tokens 0 is refused by validation; keep shapes sane anyway
@@ -114,7 +123,11 @@ class HFRollout(ColocatedRollout):
                 logits = logits / temperature
             log_probs = torch.log_softmax(logits, -1).gather(-1, sequences.unsqueeze(-1)).squeeze(-1)
             log_probs = log_probs * response_mask
-        return RolloutBatch(ids, mask, responses, response_mask, log_probs)
+        finished = None
+        if interrupt is not None:  # a row without eos ran to the budget, or was stopped short of it
+            has_eos = torch.isin(sequences, torch.as_tensor(self.eos_ids, dtype=sequences.dtype)).any(-1)
+            finished = has_eos | (sequences.shape[1] >= max_new_tokens)
+        return RolloutBatch(ids, mask, responses, response_mask, log_probs, finished=finished)
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
@@ -127,10 +140,29 @@ class HFRollout(ColocatedRollout):
             target.copy_(tensor.to(device=target.device, dtype=target.dtype))
 
 
+class Interrupted(StoppingCriteria):
+    """Stops every row of a ``generate`` once ``event`` is set (checked after each token)."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
+        stop: torch.BoolTensor = torch.full(  # type: ignore[assignment]  # a BoolTensor is a bool-dtype Tensor
+            (input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device
+        )
+        return stop
+
+
 class HFEngineActor:
     """A Ray actor holding one CPU engine of a separate ``hf`` rollout: its own copy of the policy, refreshed from
     the Ray object store (:class:`~kuberl.trainer.rollout.weight_sync.ObjectStoreSender`), every batch stamped with the
-    version of the weights it holds."""
+    version of the weights it holds.
+
+    It runs threaded (:data:`ACTOR_OPTIONS`): a weight load arriving during a generation waits for it under one lock
+    or, with ``partial_rollouts``, stops it first (the batch returned then says which rows had not finished)."""
+
+    ACTOR_OPTIONS: ClassVar[dict[str, Any]] = {"max_concurrency": 2}
+    """A weight load and a generation may arrive together: the load stops the generation rather than queue behind."""
 
     def __init__(
         self,
@@ -142,6 +174,7 @@ class HFEngineActor:
         threads: int,
         calculate_log_probs: bool,
         max_batch_size: int,
+        partial_rollouts: bool = False,
     ) -> None:
         from kuberl.trainer.model.loading import load_causal_lm
 
@@ -155,14 +188,25 @@ class HFEngineActor:
             max_batch_size=max_batch_size,
         )
         self.weight_version = 0
+        self.partial_rollouts = partial_rollouts
+        self.generating = threading.Lock()
+        self.new_weights = threading.Event()
+        """Set while a weight load waits for the generation in flight to stop (partial rollouts)."""
 
     def ready(self) -> bool:
         return True
 
     def generate(self, prompts: list[list[int]], n: int, sampling: dict[str, Any]) -> dict[str, Tensor]:
-        return self.rollout.generate(prompts, n, **sampling).stamped(self.weight_version).as_rows()
+        with self.generating:
+            interrupt = self.new_weights if self.partial_rollouts else None
+            batch = self.rollout.generate(prompts, n, **sampling, interrupt=interrupt)
+            return batch.stamped(self.weight_version).as_rows()
 
     def load_weights(self, state: dict[str, Tensor], version: int) -> None:
         """Ray resolves the object-store reference the trainer sent into ``state`` before the call."""
-        self.rollout.update_weights(state.items())
-        self.weight_version = version
+        if self.partial_rollouts:
+            self.new_weights.set()
+        with self.generating:
+            self.new_weights.clear()
+            self.rollout.update_weights(state.items())
+            self.weight_version = version

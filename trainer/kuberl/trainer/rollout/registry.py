@@ -13,7 +13,7 @@ Factories import their module when called: vLLM is imported only where it runs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,10 +38,11 @@ class EngineContext:
 @dataclass(frozen=True)
 class SeparateEngine:
     """How to start one separate engine: ``actor_class(model_path, pad_id=…, seed=seed + i, **kwargs)`` as a Ray
-    actor (:meth:`~kuberl.trainer.rollout.engine_group.EngineGroup.spawn`)."""
+    actor with ``actor_options`` besides its placement (:class:`~kuberl.trainer.rollout.engine_pool.EnginePool`)."""
 
     actor_class: type
     kwargs: dict[str, Any]
+    actor_options: dict[str, Any] = field(default_factory=dict)
 
 
 ColocatedFactory = Callable[[EngineArgs, EngineContext], ColocatedRollout]
@@ -124,8 +125,9 @@ def hf_separate(args: EngineArgs, context: EngineContext, transport: Transport) 
         "threads": context.threads,
         "calculate_log_probs": args.calculate_log_probs,
         "max_batch_size": args.max_num_seqs,
+        "partial_rollouts": args.partial_rollouts,
     }
-    return SeparateEngine(HFEngineActor, kwargs)
+    return SeparateEngine(HFEngineActor, kwargs, dict(HFEngineActor.ACTOR_OPTIONS))
 
 
 def vllm_colocated(args: EngineArgs, context: EngineContext) -> ColocatedRollout:

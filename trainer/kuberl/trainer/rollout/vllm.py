@@ -11,7 +11,7 @@ Two placements (``spec.rollout.placement``):
   rank is an independent engine over its own prompts.
 - ``separate``: engines (:class:`SeparateVLLMEngine`) run in their own Ray actors (:class:`VLLMEngineActor`), on the rollout pool's GPUs or
   sharing the trainer's (:mod:`kuberl.trainer.plan.layout`); the driver fans prompts out over them
-  (:class:`~kuberl.trainer.rollout.engine_group.EngineGroup`) and the trainer sends new weights over NCCL or CUDA IPC
+  (:class:`~kuberl.trainer.rollout.engine_pool.EnginePool`) and the trainer sends new weights over NCCL or CUDA IPC
   (:class:`kuberl.trainer.rollout.weight_sync.WeightBroadcaster`). They never sleep.
 
 Rollout log-probs (``rollout.calculateLogProbs``) are vLLM's ``processed_logprobs`` of the sampled tokens: the

@@ -341,20 +341,22 @@ class WeightBroadcaster:
 
     def send_fsdp(
         self, model: nn.Module, *, version: int, dtype: torch.dtype = torch.bfloat16, lora_scaling: float | None = None
-    ) -> None:
-        """:meth:`send` of an FSDP2 model's full weights."""
+    ) -> list[int]:
+        """:meth:`send` of an FSDP2 model's full weights. An engine lost mid-send fails the NCCL group or the IPC
+        load and raises: no engine is reported lost (the returned list is always empty)."""
         metadata = fsdp_param_metadata(model, dtype=dtype, lora=lora_scaling is not None)
         named = rollout_named_tensors(
             full_named_parameters(model, lora_scaling=lora_scaling), tied=is_tied(_base(model))
         )
         self.send(named, metadata, version=version)
+        return []
 
 
 class ObjectStoreSender:
     """Trainer side of the ``separate`` path for CPU engines (``rollout.engine hf``): rank 0 puts the full state
     dict into the Ray object store once and every engine loads it from there (no NCCL on CPU, no CUDA IPC). The
     other ranks take part in the FSDP gathers only. Same construction and :meth:`send_fsdp` as
-    :class:`WeightBroadcaster`."""
+    :class:`WeightBroadcaster`; an engine that died is reported, not raised (the pool it belonged to drops it)."""
 
     def __init__(self, engines: Sequence[Any], *, rank: int) -> None:
         self.engines = list(engines)
@@ -362,7 +364,8 @@ class ObjectStoreSender:
 
     def send_fsdp(
         self, model: nn.Module, *, version: int, dtype: torch.dtype = torch.float32, lora_scaling: float | None = None
-    ) -> None:
+    ) -> list[int]:
+        """The indices of the engines that died before they loaded the weights (on rank 0; empty elsewhere)."""
         import ray
 
         named = rollout_named_tensors(
@@ -371,6 +374,13 @@ class ObjectStoreSender:
         if self.rank != 0:
             for _ in named:
                 pass
-            return
+            return []
         state = ray.put({name: tensor.detach().cpu().clone() for name, tensor in named})
-        ray.get([e.load_weights.remote(state, version) for e in self.engines])
+        loads = [e.load_weights.remote(state, version) for e in self.engines]
+        lost = []
+        for index, load in enumerate(loads):
+            try:
+                ray.get(load)
+            except ray.exceptions.RayActorError:
+                lost.append(index)
+        return lost

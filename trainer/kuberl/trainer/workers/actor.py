@@ -116,15 +116,17 @@ class ActorWorker(DistributedWorker):
         else:
             self.broadcaster = WeightBroadcaster(engines, rank=self.rank, transport=transport, group=group)
 
-    def sync_weights(self, version: int) -> None:
-        """Send the gathered full weights, the result of trainer step ``version``, to the rollout engine(s).
+    def sync_weights(self, version: int) -> list[int]:
+        """Send the gathered full weights, the result of trainer step ``version``, to the rollout engine(s); the
+        indices of separate engines found dead meanwhile (:class:`~kuberl.trainer.rollout.weight_sync.ObjectStoreSender`).
 
         Colocated, every rank streams into its own engine, whose KV cache stays asleep meanwhile (update_weights
         wakes only the weights), which keeps the peak memory down; separate, the ranks feed the broadcaster (the
         engines keep the version and stamp their batches with it).
         """
+        lost: list[int] = []
         if self.broadcaster is not None:
-            self.broadcaster.send_fsdp(
+            lost = self.broadcaster.send_fsdp(
                 self.model,
                 version=version,
                 dtype=fsdp.compute_dtype(self.spec.model.dtype, self.device.type),
@@ -135,6 +137,7 @@ class ActorWorker(DistributedWorker):
         self.weight_version = version
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+        return lost
 
     @dispatch(Dispatch.PROMPTS)
     def generate(self, prompts: list[list[int]], n: int, sampling: dict[str, Any]) -> dict[str, Tensor]:
