@@ -53,6 +53,14 @@ def test_the_step_progress_carries_step_epoch_reward_checkpoint_and_token_rate(t
     assert (progress["step"], progress["totalSteps"], progress["epoch"]) == (7, 40, 1)
     assert (progress["rewardMean"], progress["lastCheckpoint"]) == (0.25, "/ckpt/global_step_5")
     assert progress["tokensPerSecond"] == 2880.0
+    assert "rolloutEngines" not in progress  # colocated: no separate engines to count
+
+
+def test_the_step_progress_counts_the_separate_rollout_engines(tmp_path):
+    api = FakeApi()
+    metrics = {"perf/total_num_tokens": 10.0, "perf/time_per_step": 1.0, "rollout/engines": 3.0}
+    reporting(tmp_path, api).progress(2, metrics, last_checkpoint=None, force=True)
+    assert api.calls[0][-1]["status"]["progress"]["rolloutEngines"] == 3
 
 
 def test_a_damaged_checkpoint_is_skipped_with_a_console_warning_and_an_event(tmp_path, monkeypatch, capsys):

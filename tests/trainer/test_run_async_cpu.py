@@ -22,15 +22,13 @@ STEPS = 6
 BATCH = 4
 
 
-def spec(
-    checkpoint_dir: Path, *, staleness: int, response_length: int = 4, partial: bool = False, engines: int = 2
-) -> dict:
-    """The one-step-off test's job (its tiny policy, data and reward), generating asynchronously on ``engines``."""
+def spec(checkpoint_dir: Path, *, staleness: int, response_length: int = 4, partial: bool = False) -> dict:
+    """The one-step-off test's job (its tiny policy, data and reward), generating asynchronously on two engines."""
     doc = overlap_spec(checkpoint_dir, "async")
     doc["data"]["maxResponseLength"] = response_length
     doc["rollout"].update(maxStaleness=staleness, partialRollouts=partial)
     doc["trainer"]["totalSteps"] = STEPS
-    doc["cluster"]["rollout"]["gpusPerNode"] = engines
+    doc["cluster"]["rollout"]["gpusPerNode"] = 2
     return doc
 
 

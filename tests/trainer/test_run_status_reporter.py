@@ -96,3 +96,14 @@ def test_a_failed_event_is_logged_not_raised(monkeypatch, caplog):
     monkeypatch.setenv("KUBERL_RLJOB_UID", "uid-1")
     assert not StatusReporter("job", "ns", api=FakeApi(), core=FakeCore(fail=True)).event("R", "m")
     assert "forbidden" in caplog.text
+
+
+def test_the_rollout_engines_are_patched_alone_without_counting_as_progress():
+    """A trainer waiting for rollout engines reports how many it has, but stays silent for stall detection."""
+    api = FakeApi()
+    reporter = StatusReporter("tiny", "team", api=api, clock=Clock())
+    assert reporter.report_engines(0)
+    progress = api.calls[0][-1]["status"]["progress"]
+    assert progress == {"rolloutEngines": 0}  # no updatedAt: the operator's stall clock keeps running
+    assert Progress.model_validate(progress).rollout_engines == 0  # the status field's own wire name
+    assert StatusReporter("tiny", "team", api=FakeApi(fail=True), clock=Clock()).report_engines(1) is False

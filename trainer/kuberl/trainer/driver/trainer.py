@@ -117,6 +117,8 @@ class Trainer:
             reporting=self.reporting,
         )
         self.global_step = self.checkpoints.resume()
+        if cluster.rollout is not None:
+            cluster.rollout.on_change = self.reporting.rollout_engines
         self.experience.start(self.global_step, self.total_steps)
 
     # --- the loop --------------------------------------------------------------------------------------------

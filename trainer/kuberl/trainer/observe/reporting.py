@@ -71,9 +71,16 @@ class Reporting:
                 reward_mean=metrics.get("critic/score/mean"),
                 last_checkpoint=last_checkpoint,
                 tokens_per_second=metrics["perf/total_num_tokens"] / step_time if step_time else None,
+                rollout_engines=int(metrics["rollout/engines"]) if "rollout/engines" in metrics else None,
             ),
             force=force,
         )
+
+    def rollout_engines(self, count: int) -> None:
+        """The separate rollout's active engines changed: into the RLJob status at once (between steps too, e.g.
+        while the trainer waits with none)."""
+        if self.status is not None:
+            self.status.report_engines(count)
 
     def warn(self, reason: str, message: str) -> None:
         """A warning on the console and, on Kubernetes, a Warning Event on the RLJob."""

@@ -130,14 +130,23 @@ class StatusReporter:
             )
             return False
 
+    def report_engines(self, count: int) -> bool:
+        """Patch ``status.progress.rolloutEngines`` alone: no ``updatedAt``, so a trainer waiting for engines still
+        counts as silent for stall detection; logged, never raised."""
+        return self.patch_progress({"rolloutEngines": count}, "rollout engines")
+
     def report_failure(self, failure: Failure) -> bool:
         """Patch ``status.progress.failure`` (the operator ends the job on a permanent one); logged, never raised."""
-        body = {"status": {PROGRESS_FIELD: {"failure": failure.model_dump(mode="json", by_alias=True)}}}
+        return self.patch_progress({"failure": failure.model_dump(mode="json", by_alias=True)}, "failure")
+
+    def patch_progress(self, fields: dict[str, Any], what: str) -> bool:
+        """Merge ``fields`` (wire names) into ``status.progress``, nothing else; logged, never raised."""
+        body = {"status": {PROGRESS_FIELD: fields}}
         try:
             self.api.patch_namespaced_custom_object_status(GROUP, VERSION, self.namespace, PLURAL, self.name, body)
             return True
         except Exception as exc:
-            log.warning("RLJob %s/%s failure report failed: %s", self.namespace, self.name, exc)
+            log.warning("RLJob %s/%s %s report failed: %s", self.namespace, self.name, what, exc)
             return False
 
     def event(self, reason: str, message: str) -> bool:

@@ -1,0 +1,208 @@
+"""The separate rollout pool on a real multi-node Ray cluster (:mod:`tests.trainer.ray_nodes`), one cluster for
+the module: rollout nodes (``ray start --address …`` labelled as the rollout pool) join and leave while the
+asynchronous trainer runs. The goal scenario goes 2 → 1 → 3 engines: a node SIGKILLed mid-batch (a pod deleted),
+then the last engine's process SIGKILLed mid-generation (the pool is empty until its replacement on the same node
+has the weights), then two nodes joining; it finishes with every step trained once and no prompt twice. A pool
+that stays empty past runPolicy.emptyRolloutPoolTimeoutSeconds fails the attempt with an error naming it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.raypods import process_tree
+from kuberl.api import parse_spec
+from kuberl.trainer.observe.metrics import read_jsonl
+from tests.trainer.ray_nodes import ENV, RayNodes, alive_rollout_nodes, auth_env, wait_until
+from tests.trainer.test_run_async_cpu import BATCH, Recorder, spec
+
+pytestmark = pytest.mark.slow
+STEPS = 5
+
+
+@pytest.fixture(scope="module")
+def nodes() -> Iterator[RayNodes]:
+    """A head of the trainer pool and, as each test adds them, rollout nodes; the test process is the driver."""
+    import ray
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for key, value in {**ENV, **auth_env()}.items():
+            monkeypatch.setenv(key, value)
+        for _attempt in range(3):  # a head that misses Ray's 30 s to start on a loaded machine is started again
+            cluster = RayNodes()
+            if cluster.started(cluster.head):
+                break
+            cluster.close()
+        else:
+            pytest.fail("the Ray head did not come up in 3 attempts")
+        try:
+            ray.init(address=cluster.address, log_to_driver=False)
+            yield cluster
+        finally:
+            ray.shutdown()
+            cluster.close()
+
+
+def add_rollout_nodes(nodes: RayNodes, count: int) -> list[Any]:
+    """``count`` more rollout nodes, up. Ray gives a starting raylet 30 s to register, which a loaded machine may
+    miss: a node process that exits before it is up is started again (a pod's container restarted)."""
+    expected = alive_rollout_nodes() + count
+    added = [nodes.add_rollout_node() for _ in range(count)]
+
+    def up() -> bool:
+        for i, node in enumerate(added):
+            if node.poll() is not None:
+                added[i] = nodes.add_rollout_node()
+        return alive_rollout_nodes() >= expected
+
+    wait_until(up, f"{count} more rollout node(s)", timeout=300)
+    return added
+
+
+def elastic_spec(tmp_path: Path, *, rollout_nodes: int, empty_timeout: int = 300) -> dict:
+    """Responses of up to 128 tokens: generation is slower than the trainer's update, so the engines are busy
+    whenever a step updates (a kill then lands mid-generation)."""
+    doc = spec(tmp_path / "ckpt", staleness=2, response_length=128)
+    doc["trainer"]["totalSteps"] = STEPS
+    doc["cluster"]["rollout"] = {"nodes": rollout_nodes, "gpusPerNode": 1}
+    doc["runPolicy"] = {"emptyRolloutPoolTimeoutSeconds": empty_timeout}
+    return doc
+
+
+def node_of(nodes: RayNodes, node_id: str) -> Any:
+    """The ``ray start`` process of the Ray node ``node_id`` (its raylet's socket names it)."""
+    import ray
+
+    (socket,) = [n["RayletSocketName"] for n in ray.nodes() if n["NodeID"] == node_id]
+    for node in nodes.nodes:
+        for pid in process_tree(node.pid):
+            with contextlib.suppress(OSError):
+                if f"--raylet_socket_name={socket}" in Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0"):
+                    return node
+    raise AssertionError(f"no node process runs the raylet of {node_id}")
+
+
+def busy_engine(trainer: Any) -> Any:
+    """An engine with a generation in flight (waited for)."""
+    pool = trainer.cluster.rollout
+    wait_until(lambda: any(e.busy for e in pool.active), "an engine generating", timeout=60)
+    return next(e for e in pool.active if e.busy)
+
+
+def run(doc: dict, run_dir: Path, recorder: Recorder, events: dict[int, Callable[[Any], None]]) -> int:
+    """The run through the driver's own loop; ``events[step](trainer)`` happens as step ``step`` starts its update,
+    while the engines generate the next groups."""
+    from kuberl.trainer.driver.trainer import Trainer
+
+    trainer = Trainer("elastic", parse_spec(doc), run_dir=run_dir, show_progress=False)
+    try:
+        trainer.setup()
+        recorder.wrap(trainer)
+        update = trainer.update
+
+        def with_events(exp, timer):  # type: ignore[no-untyped-def]
+            event = events.get(trainer.global_step + 1)
+            if event is not None:
+                event(trainer)
+            return update(exp, timer)
+
+        trainer.update = with_events
+        return trainer.fit()
+    finally:
+        trainer.shutdown()
+
+
+def check_trained_once(run_dir: Path, recorder: Recorder) -> list[dict]:
+    steps = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    assert sorted(recorder.staleness) == list(range(1, STEPS + 1))
+    assert all(0 <= s <= 2 for staleness in recorder.staleness.values() for s in staleness)
+    prompts = [p for step in sorted(recorder.prompts) for p in recorder.prompts[step]]
+    assert len(prompts) == len(set(prompts)) == STEPS * BATCH
+    return steps
+
+
+def engine_process(nodes: RayNodes, engine: Any) -> int:
+    """The pid of ``engine``'s actor process on its node."""
+    node = node_of(nodes, engine.slot[0])
+    (pid,) = [
+        p for p in process_tree(node.pid) if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"ray::HFEngineActor")
+    ]
+    return pid
+
+
+@pytest.mark.timeout(900)
+def test_the_pool_goes_from_two_engines_to_one_to_none_and_back_and_to_three_with_every_step_trained_once(
+    tmp_path: Path, nodes: RayNodes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_rollout_nodes(nodes, 2)
+    killed: list[int] = []
+
+    def kill_a_pod_mid_batch(trainer: Any) -> None:
+        victim = busy_engine(trainer)
+        nodes.kill(node_of(nodes, victim.slot[0]))
+        wait_until(lambda: trainer.cluster.rollout.size == 1, "the killed pod's engine dropped", timeout=60)
+
+    def kill_the_last_engine_process_mid_generation(trainer: Any) -> None:
+        killed.append(engine_process(nodes, busy_engine(trainer)))
+        os.kill(killed[-1], signal.SIGKILL)
+        wait_until(lambda: trainer.cluster.rollout.size == 0, "the killed engine dropped", timeout=60)
+
+    def two_pods_join(trainer: Any) -> None:
+        add_rollout_nodes(nodes, 2)
+        pool = trainer.cluster.rollout
+        # three engines up: the two new pods' (awaiting weights) and the one started again on the surviving pod
+        wait_until(lambda: sum(e.state != "starting" for e in pool.engines) == 3, "three engines up")
+
+    from kuberl.trainer.observe.reporting import Reporting
+
+    reported: list[int] = []
+    monkeypatch.setattr(Reporting, "rollout_engines", lambda self, count: reported.append(count))
+    recorder = Recorder()
+    doc = elastic_spec(tmp_path, rollout_nodes=2)
+    events = {2: kill_a_pod_mid_batch, 3: kill_the_last_engine_process_mid_generation, 4: two_pods_join}
+    assert run(doc, tmp_path / "run", recorder, events) == 0
+    steps = check_trained_once(tmp_path / "run", recorder)
+    assert killed and alive_rollout_nodes() == 3  # the engine's process died, its node did not
+    # the status heard each change: a pod gone, the pool empty, then the engine started again on its node and the two
+    # that joined (together, when the replacement first got weights at step 4's update)
+    assert reported in ([1, 0, 1, 3], [1, 0, 3])
+    # each step's engines after its weight update (step 3's replacement may still be loading the model then)
+    engines = [r["rollout/engines"] for r in steps]
+    assert engines[:2] == [2, 1] and engines[2] in (0, 1) and engines[3:] == [3, 3]
+    assert sum(r["rollout/lost_groups"] for r in steps) >= 2  # both kills' groups were generated again
+
+
+@pytest.mark.timeout(900)
+def test_with_no_engine_left_past_the_timeout_the_attempt_fails_naming_it(tmp_path: Path, nodes: RayNodes) -> None:
+    from kuberl.api.status import FailureClass
+    from kuberl.trainer.driver.failures import classify
+    from kuberl.trainer.rollout.engine_pool import RolloutPoolEmptyError
+
+    if alive_rollout_nodes() == 0:  # run alone: the scenario above left rollout nodes
+        add_rollout_nodes(nodes, 1)
+
+    def lose_every_pod(trainer: Any) -> None:
+        for engine in list(trainer.cluster.rollout.engines):
+            with contextlib.suppress(AssertionError):  # two engines' slots may share a node
+                nodes.kill(node_of(nodes, engine.slot[0]))
+        wait_until(lambda: trainer.cluster.rollout.size == 0, "every engine dropped", timeout=60)
+
+    doc = elastic_spec(tmp_path, rollout_nodes=1, empty_timeout=10)
+    started = time.monotonic()
+    with pytest.raises(RolloutPoolEmptyError) as failed:
+        run(doc, tmp_path / "run", Recorder(), {2: lose_every_pod})
+    assert time.monotonic() - started < 300
+    message = str(failed.value)
+    assert "runPolicy.emptyRolloutPoolTimeoutSeconds = 10" in message and "kuberl.io/pool=rollout" in message
+    assert classify(failed.value).kind == FailureClass.TRANSIENT  # retried under backoffLimit: not the job's end
+    # the groups queued before the pool emptied may train a step more; the rest never came
+    trained = [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")]
+    assert trained == list(range(1, len(trained) + 1)) and 2 <= len(trained) < STEPS
