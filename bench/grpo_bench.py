@@ -75,9 +75,10 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="vLLM's share of the card")
     parser.add_argument(
         "--overlap",
-        choices=["off", "on", "both"],
+        choices=list(OVERLAP_ROWS),
         default="off",
-        help="synchronous rows (off), the overlapped rows (on: generation beside training), or both",
+        help="synchronous rows (off), the one-step-off rows (on: generation beside training), both, the "
+        "asynchronous rows at maxStaleness 1 and 2 beside the one-step-off one (async), or every row (all)",
     )
     parser.add_argument("--timeout", type=float, default=300, help="seconds per side before it is killed")
     parser.add_argument("--work-dir", help="specs, data, logs (default: a new temporary folder)")
@@ -429,9 +430,27 @@ KUBERL_PHASES: dict[str, tuple[str, ...]] = {  # verl's names: kuberl kept them
 previous step (``timing_s/overlap``) and are not part of the step: they are left out there."""
 
 
-def kuberl_spec(args: argparse.Namespace, folder: str, data: str, gpu: bool, overlap: bool = False) -> dict[str, Any]:
-    """The RLJob of the job; ``overlap``: the one-step-off-policy variant (separate placement, rollout.overlap,
-    rollout correction)."""
+KUBERL_SIDES: dict[str, dict[str, Any]] = {
+    "kuberl": {},
+    "kuberl_overlap": {"overlap": "oneStepOffPolicy"},
+    "kuberl_async_k1": {"overlap": "async", "maxStaleness": 1},
+    "kuberl_async_k2": {"overlap": "async", "maxStaleness": 2},
+}
+"""kuberl's rows by side name: what each sets in ``rollout`` besides the synchronous job (an overlapped row also
+runs its engine separate, with the rollout correction)."""
+OVERLAP_ROWS: dict[str, list[str]] = {
+    "off": ["kuberl"],
+    "on": ["kuberl_overlap"],
+    "both": ["kuberl", "kuberl_overlap"],
+    "async": ["kuberl_overlap", "kuberl_async_k1", "kuberl_async_k2"],
+    "all": list(KUBERL_SIDES),
+}
+"""``--overlap``: the kuberl sides it runs."""
+
+
+def kuberl_spec(args: argparse.Namespace, folder: str, data: str, gpu: bool, side: str = "kuberl") -> dict[str, Any]:
+    """The RLJob of the job as ``side`` of :data:`KUBERL_SIDES` runs it: an overlapped side (one-step-off or
+    asynchronous) has a separate engine, the rollout correction and the engine's log-probs."""
     budget = token_budget(args.max_tokens)
     if budget is None:
         micro: dict[str, Any] = {"ppoMicroBatchSizePerGPU": args.micro_batch}
@@ -487,16 +506,17 @@ def kuberl_spec(args: argparse.Namespace, folder: str, data: str, gpu: bool, ove
             },
         },
     }
-    if overlap:
+    if KUBERL_SIDES[side]:
         spec = doc["spec"]
-        spec["rollout"].update(placement="separate", overlap="oneStepOffPolicy", calculateLogProbs=True)
+        spec["rollout"].update(placement="separate", calculateLogProbs=True, **KUBERL_SIDES[side])
         spec["algorithm"]["rolloutCorrection"] = {"enabled": True}
         spec["cluster"]["rollout"] = {"nodes": 1, "gpusPerNode": 1, "cpu": "2", "memory": "8Gi"}
     return doc
 
 
 def kuberl_steps(metrics_lines: list[dict[str, Any]], *, overlap: bool) -> list[dict[str, Any]]:
-    """Per-step tokens, seconds and phases from kuberl's ``metrics.jsonl`` records."""
+    """Per-step tokens, seconds and phases from kuberl's ``metrics.jsonl`` records; ``overlap``: generated beside
+    the update (one step off, or asynchronously: its ``gen_wait`` is the trainer's wait for ready groups)."""
     keys = dict(KUBERL_PHASES)
     if overlap:
         keys = {**keys, "generation": (), "reward": ()}
@@ -550,14 +570,15 @@ def kuberl_plan(spec_doc: dict[str, Any], card: str | None) -> dict[str, Any] | 
 
 
 def run_kuberl(
-    args: argparse.Namespace, folder: str, data: str, work: Path, gpu: bool, card: str | None, overlap: bool = False
+    args: argparse.Namespace, folder: str, data: str, work: Path, gpu: bool, card: str | None, side: str = "kuberl"
 ) -> dict[str, Any]:
     import yaml
 
-    name = "kuberl-overlap" if overlap else "kuberl"
+    name = side.replace("_", "-")
+    overlap = bool(KUBERL_SIDES[side])
     run_dir = work / f"{name}-run"
     shutil.rmtree(run_dir, ignore_errors=True)  # metrics.jsonl is appended to
-    spec = kuberl_spec(args, folder, data, gpu, overlap)
+    spec = kuberl_spec(args, folder, data, gpu, side)
     spec_path = work / f"{name}-rljob.yaml"
     spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
     cmd = [sys.executable, "-m", "kuberl.cli", "run", str(spec_path), "--run-dir", str(run_dir), "--no-progress"]
@@ -566,6 +587,7 @@ def run_kuberl(
         "engine": spec["spec"]["rollout"]["engine"],
         "placement": spec["spec"]["rollout"].get("placement", "colocated"),
         "overlap": spec["spec"]["rollout"].get("overlap", "none"),
+        "max_staleness": spec["spec"]["rollout"].get("maxStaleness"),
         "spec_file": str(spec_path),
         "spec": spec["spec"],
         "plan": kuberl_plan(spec, card),

@@ -7,7 +7,10 @@ and how tokens/s are counted). Each side runs in a fresh subprocess, one after t
   a GPU (``hf`` on CPU); the micro-batch token budget from ``--max-tokens`` (default ``auto``: left out of the RLJob,
   the trainer takes the largest its memory plan fits on the card). With ``--overlap on`` or ``both`` also the
   one-step-off-policy row (side ``kuberl_overlap``): ``rollout.placement separate`` (on one GPU the engine shares the
-  card in its own process, weights by CUDA IPC) with ``rollout.overlap oneStepOffPolicy`` and the rollout correction.
+  card in its own process, weights by CUDA IPC) with ``rollout.overlap oneStepOffPolicy`` and the rollout correction;
+  with ``--overlap async`` that row and the asynchronous ones (``kuberl_async_k1``, ``kuberl_async_k2``:
+  ``rollout.overlap async`` at ``maxStaleness`` 1 and 2, docs/async.md), each printed against the one-step-off row
+  (``ratio_kuberl_async_k2_vs_overlap``, issue 36's goal 1.3 on one card); ``--overlap all`` runs every row.
 - TRL: ``GRPOTrainer`` with ``per_device_train_batch_size`` = micro-batch, ``gradient_accumulation_steps`` =
   prompts × group ÷ micro-batch, ``num_generations`` = group, ``beta`` 0, bf16 autocast over fp32 weights on a GPU;
   generation ``--trl-generation vllm`` (``use_vllm``, ``vllm_mode="colocate"``, the same memory share; TRL's
@@ -40,7 +43,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.grpo_bench import (
+    KUBERL_SIDES,
     OFFLINE_ENV,
+    OVERLAP_ROWS,
     add_job_arguments,
     check_steps,
     gpu_name,
@@ -332,7 +337,7 @@ def main() -> int:
     settings = {**job_settings(args, gpu, data), "trl_micro_batches": micro_batches}
     result = result_header(BENCHMARK, args, card=card, folder=folder, work=work, settings=settings, packages=PACKAGES)
     result["tokens_per_s"] += "; TRL's fastest micro-batch"
-    kuberl_sides = {"off": ["kuberl"], "on": ["kuberl_overlap"], "both": ["kuberl", "kuberl_overlap"]}[args.overlap]
+    kuberl_sides = OVERLAP_ROWS[args.overlap]
     sides = [*kuberl_sides, "trl"]
     if args.only:
         sides = kuberl_sides if args.only == "kuberl" else ["trl"]
@@ -341,17 +346,17 @@ def main() -> int:
             result["trl"], result["trl_sweep"] = run_trl_sweep(args, folder, data["file"], work, gpu, micro_batches)
             continue
         print(f"running {side} ...", flush=True)
-        result[side] = run_kuberl(args, folder, data["file"], work, gpu, card, overlap=side == "kuberl_overlap")
+        result[side] = run_kuberl(args, folder, data["file"], work, gpu, card, side)
         print_side(side, result[side], args.out)
 
-    merge_sides(result, args.merge_with, ("kuberl", "kuberl_overlap"))
+    merge_sides(result, args.merge_with, tuple(KUBERL_SIDES))
     merge_trl_sweep(result, args.merge_with)
     for side in kuberl_sides:
         for step in result.get(side, {}).get("steps", []):
             phases = " ".join(f"{k} {v:.2f}" for k, v in step["breakdown_s"].items())
             print(f"{side} step {step['step']}: {step['seconds']:.2f} s, staleness {step['staleness']}; {phases}")
     theirs = result.get("trl", {}).get("tokens_per_s")
-    for side in ("kuberl", "kuberl_overlap"):
+    for side in KUBERL_SIDES:
         ours = result.get(side, {}).get("tokens_per_s")
         if ours and theirs:
             key = "ratio" if side == "kuberl" else f"ratio_{side}"
@@ -360,9 +365,20 @@ def main() -> int:
                 f"{side} ÷ TRL tokens/s: {result[key]:.2f} ({side} {ours:.0f} tok/s, TRL {theirs:.0f} tok/s at "
                 f"{result['trl']['micro_batch']} rows per micro-batch, TRL generation: {result['trl']['generation']})"
             )
+    print_async_ratios(result)
     ok = all("error" not in result[side] for side in sides)
     write_result(result, args.out)
     return 0 if ok else 1
+
+
+def print_async_ratios(result: dict[str, Any]) -> None:
+    """The asynchronous rows against the one-step-off row of the same run (``ratio_<side>_vs_overlap``)."""
+    one_step_off = result.get("kuberl_overlap", {}).get("tokens_per_s")
+    for side in ("kuberl_async_k1", "kuberl_async_k2"):
+        ours = result.get(side, {}).get("tokens_per_s")
+        if ours and one_step_off:
+            result[f"ratio_{side}_vs_overlap"] = ratio = round(ours / one_step_off, 3)
+            print(f"{side} ÷ kuberl_overlap tokens/s: {ratio:.2f} ({ours:.0f} vs {one_step_off:.0f} tok/s)")
 
 
 if __name__ == "__main__":

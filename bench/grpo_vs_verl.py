@@ -127,6 +127,8 @@ SHARED = (
 )
 """The verl keys whose values come from the RLJob (kuberl.api.verl's table); every one exists in verl 0.9.1."""
 SIDES = ("kuberl", "verl", "kuberl_overlap", "verl_overlap")
+VERL_ROWS = {"off": [False], "on": [True], "both": [False, True]}
+"""``--overlap``: the rows it runs, overlapped or not (verl's asynchronous trainer is not compared here)."""
 VERL_MODES = {False: "sync", True: "colocate_async"}
 """trainer.v1.trainer_mode of the synchronous and the overlapped row."""
 VERL_PHASES = {phase: keys for phase, keys in KUBERL_PHASES.items() if phase != "idle"}
@@ -376,6 +378,8 @@ def main() -> int:
     check_steps(parser, args)
     if args.max_tokens == "0":
         parser.error("--max-tokens 0: verl's side is compared at its token budget; give one, or auto")
+    if args.overlap not in VERL_ROWS:
+        parser.error(f"--overlap {args.overlap}: this benchmark has the rows {', '.join(VERL_ROWS)} (no async row)")
 
     import torch
 
@@ -394,13 +398,12 @@ def main() -> int:
     )
     settings = job_settings(args, gpu, data)
     result = result_header(BENCHMARK, args, card=card, folder=folder, work=work, settings=settings, packages=PACKAGES)
-    rows = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
-    for overlap in rows:
+    for overlap in VERL_ROWS[args.overlap]:
         suffix = "_overlap" if overlap else ""
-        doc = kuberl_spec(args, folder, data["file"], gpu, overlap)
+        doc = kuberl_spec(args, folder, data["file"], gpu, f"kuberl{suffix}")
         if args.only != "verl" and not args.verl_check_only:
             print(f"running kuberl{suffix} ...", flush=True)
-            result[f"kuberl{suffix}"] = run_kuberl(args, folder, data["file"], work, gpu, card, overlap=overlap)
+            result[f"kuberl{suffix}"] = run_kuberl(args, folder, data["file"], work, gpu, card, f"kuberl{suffix}")
             print_side(f"kuberl{suffix}", result[f"kuberl{suffix}"], args.out)
         if args.only != "kuberl":
             print(f"running verl{suffix} ...", flush=True)

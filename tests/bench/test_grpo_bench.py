@@ -45,9 +45,29 @@ def test_the_micro_batches_of_the_kuberl_side(max_tokens: str, batch: dict[str, 
 
 
 def test_the_overlapped_kuberl_side_is_one_step_off_on_a_separate_engine() -> None:
-    spec = parse_spec(kuberl_spec(_args("auto"), "/models/m", "/data/train.parquet", gpu=True, overlap=True)["spec"])
+    spec = parse_spec(kuberl_spec(_args("auto"), "/models/m", "/data/train.parquet", True, "kuberl_overlap")["spec"])
     assert (spec.rollout.placement, spec.rollout.overlap) == ("separate", "oneStepOffPolicy")
     assert spec.algorithm.rollout_correction.enabled and spec.cluster.rollout is not None
+
+
+@pytest.mark.parametrize("side, staleness", [("kuberl_async_k1", 1), ("kuberl_async_k2", 2)])
+def test_the_async_kuberl_sides_run_separate_engines_at_their_staleness(side: str, staleness: int) -> None:
+    spec = parse_spec(kuberl_spec(_args("auto"), "/models/m", "/data/train.parquet", True, side)["spec"])
+    assert (spec.rollout.placement, spec.rollout.overlap) == ("separate", "async")
+    assert spec.rollout.staleness_limit == staleness and spec.rollout.calculate_log_probs
+    assert spec.algorithm.rollout_correction.enabled
+
+
+def test_the_async_rows_are_compared_with_the_one_step_off_row() -> None:
+    from bench.grpo_vs_trl import print_async_ratios
+
+    result = {
+        "kuberl_overlap": {"tokens_per_s": 1000.0},
+        "kuberl_async_k1": {"tokens_per_s": 1200.0},
+        "kuberl_async_k2": {"tokens_per_s": 1350.0},
+    }
+    print_async_ratios(result)
+    assert result["ratio_kuberl_async_k1_vs_overlap"] == 1.2 and result["ratio_kuberl_async_k2_vs_overlap"] == 1.35
 
 
 SYNC = {

@@ -52,7 +52,9 @@ def _args(**changes: Any) -> argparse.Namespace:
 
 
 def _overrides(tmp_path: Path, *, overlap: bool, **changes: Any) -> tuple[Any, dict[str, Any]]:
-    doc = kuberl_spec(_args(**changes), "/models/policy", "/data/train.parquet", True, overlap)
+    doc = kuberl_spec(
+        _args(**changes), "/models/policy", "/data/train.parquet", True, "kuberl_overlap" if overlap else "kuberl"
+    )
     stack = verl_stack(
         data_file="/data/train-verl.parquet",
         work=tmp_path,
