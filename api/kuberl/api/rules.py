@@ -469,15 +469,6 @@ RULES: tuple[Rule, ...] = (
         verl="ours",
     ),
     Rule(
-        id="engine-partial-rollouts",
-        field="rollout.partialRollouts",
-        rule="!self.rollout.partialRollouts || self.rollout.engine in PARTIAL_ROLLOUT_ENGINES",
-        message="rollout.partialRollouts continues a generation interrupted by a weight update with the new "
-        "weights, which rollout.engine ${self.rollout.engine} cannot; engines that can: "
-        "${PARTIAL_ROLLOUT_ENGINES_NAMES}",
-        verl="ours",
-    ),
-    Rule(
         id="top-k-valid",
         field="rollout.topK",
         rule="self.rollout.topK == -1 || self.rollout.topK >= 1",
@@ -628,6 +619,15 @@ RULES: tuple[Rule, ...] = (
         message="rollout.partialRollouts continues generations in flight across a weight update, but with "
         "rollout.overlap ${self.rollout.overlap} no generation is in flight while the weights change; set "
         "rollout.overlap async or rollout.partialRollouts false",
+        verl="ours",
+    ),
+    Rule(
+        id="engine-partial-rollouts",
+        field="rollout.partialRollouts",
+        rule="!self.rollout.partialRollouts || self.rollout.engine in PARTIAL_ROLLOUT_ENGINES",
+        message="rollout.partialRollouts continues a generation interrupted by a weight update with the new "
+        "weights, which rollout.engine ${self.rollout.engine} cannot; engines that can: "
+        "${PARTIAL_ROLLOUT_ENGINES_NAMES}",
         verl="ours",
     ),
     Rule(
