@@ -153,6 +153,10 @@ def test_the_resume_hash_covers_model_data_algorithm_batch_only():
     other_model = RLJobSpec.model_validate({**base, "model": {"path": TINY + "&x=1"}})
     assert ckpt.resume_fields_hash(spec) == ckpt.resume_fields_hash(more_steps)
     assert ckpt.resume_fields_hash(spec) != ckpt.resume_fields_hash(other_model)
+    default_shape = RLJobSpec.model_validate({**base, "model": {"path": TINY, "shape": spec.model.shape}})
+    assert ckpt.resume_fields_hash(spec) == ckpt.resume_fields_hash(default_shape)  # a new field at its default
+    more_samples = RLJobSpec.model_validate({**base, "batch": {"rolloutN": spec.batch.rollout_n + 1}})
+    assert ckpt.resume_fields_hash(spec) != ckpt.resume_fields_hash(more_samples)
 
 
 WRITER = """

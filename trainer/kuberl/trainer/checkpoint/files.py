@@ -85,8 +85,13 @@ def step_dir(checkpoint_dir: str | Path, step: int) -> Path:
 
 
 def resume_fields_hash(spec: Any) -> str:
-    """sha256 of the spec fields a resumed run must share with the run that saved: model, data, algorithm, batch."""
-    fields = {name: getattr(spec, name).model_dump(mode="json", by_alias=True) for name in RESUME_FIELDS}
+    """sha256 of the spec fields a resumed run must share with the run that saved: model, data, algorithm, batch.
+    Fields at their defaults are left out, so a release that adds a field with a default (model.shape did) keeps
+    the checkpoints of jobs that do not set it resumable across the upgrade."""
+    fields = {
+        name: getattr(spec, name).model_dump(mode="json", by_alias=True, exclude_defaults=True)
+        for name in RESUME_FIELDS
+    }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
