@@ -138,7 +138,15 @@ hold a batch: the generation the step could not hide."""
 
 
 def verl_stack(
-    *, data_file: str, work: Path, side: str, token_budget: int, attention: str, remove_padding: bool, bypass: bool
+    *,
+    data_file: str,
+    work: Path,
+    side: str,
+    token_budget: int,
+    attention: str,
+    remove_padding: bool,
+    bypass: bool,
+    compile_log_probs: bool,
 ) -> dict[str, Any]:
     """What verl needs to run the job here, beside the shared settings (the module's docstring says why)."""
     return {
@@ -148,7 +156,7 @@ def verl_stack(
         f"{ARR}.model.use_remove_padding": remove_padding,
         f"+{ARR}.model.override_config.attn_implementation": attention,
         f"{ARR}.actor.ppo_max_token_len_per_gpu": token_budget,
-        f"{ARR}.actor.use_torch_compile": True,
+        f"{ARR}.actor.use_torch_compile": compile_log_probs,
         f"{ARR}.rollout.free_cache_engine": True,
         "algorithm.rollout_correction.bypass_mode": bypass,
         "trainer.logger": ["console", "file"],
@@ -319,6 +327,7 @@ def run_verl(
         attention=args.verl_attention,
         remove_padding=args.verl_remove_padding == "on",
         bypass=args.verl_bypass == "on",
+        compile_log_probs=args.verl_compile == "on",
     )
     overrides = verl_overrides(kuberl_doc, stack, overlap=overlap)
     env = verl_env([*args.verl_site.split(":"), args.vllm_site], metrics_file)
@@ -367,6 +376,7 @@ def main() -> int:
     parser.add_argument("--verl-attention", default="sdpa", help="attn_implementation (no flash-attn wheel here)")
     parser.add_argument("--verl-remove-padding", choices=["on", "off"], default="off")
     parser.add_argument("--verl-bypass", choices=["on", "off"], default="on", help="rollout log-probs as the old ones")
+    parser.add_argument("--verl-compile", choices=["on", "off"], default="on", help="verl's torch.compile of log-probs")
     parser.add_argument("--verl-max-tokens", type=int, help="verl's ppo_max_token_len_per_gpu (default: kuberl's)")
     parser.add_argument(
         "--verl-check-only",

@@ -63,6 +63,7 @@ def _overrides(tmp_path: Path, *, overlap: bool, **changes: Any) -> tuple[Any, d
         attention="sdpa",
         remove_padding=False,
         bypass=True,
+        compile_log_probs=True,
     )
     return parse_spec(doc["spec"]), verl_overrides(doc, stack, overlap=overlap)
 
