@@ -181,7 +181,10 @@ def test_logs_follow_streams_new_lines_until_interrupted_and_removes_its_reader(
     log = driver_log(pod_logs.claims, k, "followed")
     log.write_text("step 1/12\n")
     command = [sys.executable, "-m", "kuberl.cli", "logs", "followed", "-f", "--kubeconfig", str(cluster.kubeconfig)]
-    process = subprocess.Popen([*command, "-n", k.ns], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}  # a SIGABRT prints every thread's stack
+    process = subprocess.Popen(
+        [*command, "-n", k.ns], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert process.stdout is not None
         assert process.stdout.readline() == "step 1/12\n"
@@ -189,7 +192,15 @@ def test_logs_follow_streams_new_lines_until_interrupted_and_removes_its_reader(
             handle.write("step 2/12\n")
         assert process.stdout.readline() == "step 2/12\n"
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 130
+        try:
+            code = process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            _, stderr = process.communicate(timeout=30)
+            raise AssertionError(
+                f"kuberl logs -f still ran 30 s after Ctrl-C; its threads:\n{stderr[-6000:]}"
+            ) from None
+        assert code == 130
     finally:
         if process.poll() is None:
             process.kill()

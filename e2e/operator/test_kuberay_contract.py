@@ -173,23 +173,14 @@ def check_kuberay_token(stack: RealStack, name: str) -> None:
     assert dashboard_status(head.dashboard_port, token) == 200
 
 
-def test_apply_runs_the_trainer_to_succeeded_with_its_progress(stack: RealStack) -> None:
-    name, total = "contract-ok", 4
-    stack.apply(name, totalSteps=total, saveFreq=total)
-    check_kuberay_token(stack, name)
-    status = stack.wait_phase(name, "Succeeded")
-    progress = status["progress"]
-    assert progress["step"] == progress["totalSteps"] == total
-    assert progress["rewardMean"] is not None and progress["lastCheckpoint"]
-    rayjob = stack.k.rayjob(name)
-    assert rayjob["spec"]["submissionMode"] == "K8sJobMode" and rayjob["status"]["jobStatus"] == "SUCCEEDED"
-    assert rayjob["spec"]["rayClusterSpec"]["authOptions"] == {"mode": RAY_AUTH_MODE_TOKEN}
-    assert rayjob["status"]["jobDeploymentStatus"] == "Complete"
-
-
-def test_a_killed_trainer_is_retried_on_a_new_cluster_and_resumes_from_its_checkpoint(stack: RealStack) -> None:
+def test_a_killed_trainer_is_retried_on_a_new_cluster_and_resumes_to_succeeded_with_its_progress(
+    stack: RealStack,
+) -> None:
+    """One job is the success path and the retry: KubeRay's token guards the head while the first attempt trains, its
+    trainer is killed after two steps, and the retry on a new cluster resumes from the checkpoint to Succeeded."""
     name, total = "contract-retry", 12
     workdir = stack.apply(name, {"backoffLimit": 1}, totalSteps=total, saveFreq=1, maxCheckpoints=2)
+    check_kuberay_token(stack, name)
     # with saveFreq 1 every logged step was checkpointed first (the trainer saves, then logs)
     wait_until("two trained steps", lambda: len(logged_steps(workdir, name)) >= 2, timeout=RUN_TIMEOUT, interval=0.5)
     first_cluster = stack.k.rayjob(name)["status"]["rayClusterName"]
@@ -202,8 +193,14 @@ def test_a_killed_trainer_is_retried_on_a_new_cluster_and_resumes_from_its_check
 
     status = stack.wait_phase(name, "Succeeded")
     assert status["restarts"] == 1
-    assert status["progress"]["step"] == total
-    assert stack.k.rayjob(name)["status"]["rayClusterName"] != first_cluster, "KubeRay retried on a new cluster"
+    progress = status["progress"]
+    assert progress["step"] == progress["totalSteps"] == total
+    assert progress["rewardMean"] is not None and progress["lastCheckpoint"]
+    rayjob = stack.k.rayjob(name)
+    assert rayjob["status"]["rayClusterName"] != first_cluster, "KubeRay retried on a new cluster"
+    assert rayjob["spec"]["submissionMode"] == "K8sJobMode" and rayjob["status"]["jobStatus"] == "SUCCEEDED"
+    assert rayjob["spec"]["rayClusterSpec"]["authOptions"] == {"mode": RAY_AUTH_MODE_TOKEN}
+    assert rayjob["status"]["jobDeploymentStatus"] == "Complete"
     steps = logged_steps(workdir, name)
     assert steps == list(range(1, total + 1)), f"each step trained once, in order, across both attempts: {steps}"
 
@@ -226,25 +223,11 @@ def set_suspend(stack: RealStack, name: str, by: str, value: bool) -> None:
         )
 
 
-@pytest.mark.parametrize("by", ["user", "kueue"])
-def test_suspend_checkpoints_before_the_ray_cluster_dies_and_resume_continues_from_that_step(
-    stack: RealStack, by: str
-) -> None:
-    """saveFreq far beyond the job: the only checkpoint before the end is the one the stop makes. The head's preStop
-    hook (run by the stand-in kubelet on the pod's deletion, as a kubelet does) stops the Ray job; the trainer
-    finishes its step, saves and reports it before its Ray head dies."""
-    name, total, suspend_after = f"contract-suspend-{by}", 12, 3
-    workdir = stack.apply(name, totalSteps=total, saveFreq=100, maxCheckpoints=2)
-    wait_until(
-        f"{suspend_after} trained steps",
-        lambda: len(logged_steps(workdir, name)) >= suspend_after,
-        timeout=RUN_TIMEOUT,
-        interval=0.5,
-    )
-    rayjob = stack.k.rayjob(name)
-    head_template = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
-    assert head_template["containers"][0]["lifecycle"]["preStop"], "the operator rendered the head's hook"
-
+def suspend_and_check_its_checkpoint(stack: RealStack, name: str, by: str, workdir: Path, total: int) -> list[int]:
+    """Suspend `name` (by the user or by Kueue) and check what the stop left: the Ray cluster and its pods deleted,
+    the trainer ended, the stop's checkpoint complete and reported, the head's preStop hook ran. Returns the steps
+    trained so far."""
+    hooks_before = "".join(p.read_text() for p in workdir.glob("*.prestop.log")).count("stopping Ray job")
     set_suspend(stack, name, by, True)
     stack.wait_phase(name, "Suspended", timeout=120)
     selector = f"ray.io/originated-from-cr-name={name}"
@@ -265,10 +248,36 @@ def test_suspend_checkpoints_before_the_ray_cluster_dies_and_resume_continues_fr
     assert checkpoint.endswith(f"global_step_{suspended_at[-1]}"), f"the stop's checkpoint reported: {checkpoint}"
     assert (workdir / checkpoint / "manifest.json").exists(), "a complete checkpoint"  # (an absolute path stays one)
     hook_logs = "".join(p.read_text() for p in workdir.glob("*.prestop.log"))
-    assert "stopping Ray job" in hook_logs, hook_logs
+    assert hook_logs.count("stopping Ray job") > hooks_before, hook_logs
+    return suspended_at
 
-    set_suspend(stack, name, by, False)
+
+def test_suspend_checkpoints_before_the_ray_cluster_dies_and_resume_continues_from_that_step(
+    stack: RealStack,
+) -> None:
+    """saveFreq far beyond the job: the only checkpoints before the end are the ones the stops make. One job is
+    suspended twice, by the user (runPolicy.suspend) and then by Kueue (the RayJob's spec.suspend), each after steps
+    of its own. The head's preStop hook (run by the stand-in kubelet on the pod's deletion, as a kubelet does) stops
+    the Ray job; the trainer finishes its step, saves and reports it before its Ray head dies."""
+    name, total = "contract-suspend", 16
+    workdir = stack.apply(name, totalSteps=total, saveFreq=100, maxCheckpoints=2)
+    rayjob = wait_until("the RayJob", lambda: stack.k.rayjob(name), timeout=RUN_TIMEOUT)
+    head_template = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head_template["containers"][0]["lifecycle"]["preStop"], "the operator rendered the head's hook"
+
+    trained = 0
+    for by in ("user", "kueue"):
+        suspend_after = trained + 3  # three steps of this attempt
+        wait_until(
+            f"{suspend_after} trained steps",
+            lambda after=suspend_after: len(logged_steps(workdir, name)) >= after,
+            timeout=RUN_TIMEOUT,
+            interval=0.5,
+        )
+        trained = len(suspend_and_check_its_checkpoint(stack, name, by, workdir, total))
+        set_suspend(stack, name, by, False)
+
     status = stack.wait_phase(name, "Succeeded")
     assert status["progress"]["step"] == total
     steps = logged_steps(workdir, name)
-    assert steps == list(range(1, total + 1)), f"each step trained once, in order, across suspension: {steps}"
+    assert steps == list(range(1, total + 1)), f"each step trained once, in order, across both suspensions: {steps}"
