@@ -25,7 +25,7 @@ from e2e.operator.process import OperatorProcess
 from e2e.operator.test_kuberay_real import rayclusters
 from e2e.operator.test_operator import Kube, grant_operator_rules, wait_until
 
-RESIZE_TIMEOUT = 60.0  # the operator's patch, KubeRay's reconcile and the kubelet's 0.3 s tick, on 2 busy cores
+RESIZE_TIMEOUT = 120.0  # the operator's patch, KubeRay's reconcile and the kubelet's 0.3 s tick, on 2 busy cores
 SPOT = {"pool": "spot"}  # the rollout pool's node selector: its pods run only on the spot node
 
 
@@ -107,6 +107,8 @@ def resize(k: Kube, name: str, nodes: int) -> None:
 def wait_pool(k: Kube, name: str, raycluster: str, nodes: int) -> dict[str, Any]:
     """The RayCluster's rollout group asks for `nodes` pods, `nodes` of them run and the RLJob's status says so."""
 
+    seen: dict[str, Any] = {}
+
     def followed() -> dict[str, Any] | None:
         (current,) = rayclusters(k, name)
         group = rollout_group(current["spec"])
@@ -114,11 +116,20 @@ def wait_pool(k: Kube, name: str, raycluster: str, nodes: int) -> dict[str, Any]
         pods = rollout_pods(k, raycluster)
         ready = [p for p in pods if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
         status = k.rljob(name).get("status") or {}
+        seen.update(
+            group_sizes=sorted(sizes),
+            pods={p.metadata.name: (p.spec.node_name, p.status.phase) for p in pods},
+            ready=len(ready),
+            status_rollout=status.get("rollout"),
+        )
         if sizes == {nodes} and len(pods) == len(ready) == nodes:
             return current if status.get("rollout") == {"replicas": nodes, "readyReplicas": nodes} else None
         return None
 
-    return wait_until(f"the rollout pool of {name} at {nodes} pods", followed, timeout=RESIZE_TIMEOUT, interval=0.5)
+    try:
+        return wait_until(f"the rollout pool of {name} at {nodes} pods", followed, timeout=RESIZE_TIMEOUT, interval=0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; seen: {seen}") from None
 
 
 def wait_pool_empty(k: Kube, name: str, status: str) -> dict[str, Any]:
