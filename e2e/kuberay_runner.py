@@ -93,10 +93,6 @@ class KubeRayRunner:
             attempt.kill()
         self.attempts.clear()
 
-    def kill_head(self, name: str) -> None:
-        """A node failure: the Ray head of the current attempt dies with everything on it."""
-        self.attempts[name].kill()
-
     # --- the controller loop ----------------------------------------------------------
 
     def _loop(self) -> None:
