@@ -182,8 +182,15 @@ def test_logs_follow_streams_new_lines_until_interrupted_and_removes_its_reader(
     log.write_text("step 1/12\n")
     command = [sys.executable, "-m", "kuberl.cli", "logs", "followed", "-f", "--kubeconfig", str(cluster.kubeconfig)]
     env = {**os.environ, "PYTHONFAULTHANDLER": "1"}  # a SIGABRT prints every thread's stack
+    # Ctrl-C as a terminal sends it: under a runner started in the background (`cmd &`) SIGINT is ignored, and a
+    # Python started with it ignored never raises KeyboardInterrupt, so the CLI gets SIGINT's default back
     process = subprocess.Popen(
-        [*command, "-n", k.ns], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        [*command, "-n", k.ns],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert process.stdout is not None

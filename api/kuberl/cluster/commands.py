@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import threading
 import time
@@ -344,12 +343,7 @@ def _wait_started(core: Any, namespace: str, name: str, timeout: float) -> None:
 
 
 def _end_with_job(target: Target, rljob: str, core: Any, pod: str, stop: threading.Event) -> None:
-    """--follow: once the RLJob has ended, let the reader print what the trainer wrote last, then stop it.
-
-    Ctrl-C and SIGTERM are blocked here, so the kernel delivers them to the main thread: one taken by this thread
-    would only set Python's flag, and the main thread, blocked reading a stream with no new line, would never see it.
-    """
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    """--follow: once the RLJob has ended, let the reader print what the trainer wrote last, then stop it."""
     while not stop.wait(FOLLOW_PERIOD_SECONDS * 2.5):
         try:
             if is_terminal(get_rljob(target, rljob)):
