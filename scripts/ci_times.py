@@ -23,11 +23,12 @@ def module_seconds(junit: Path) -> dict[str, float]:
 
 
 def slowest(seconds: dict[str, float]) -> list[tuple[str, float]]:
+    """(name, seconds), largest first."""
     return sorted(seconds.items(), key=lambda item: -item[1])
 
 
 def part_of(module: str) -> str:
-    """`e2e.operator.test_burst` → `e2e/operator`; a module at a tier's top level is its own part."""
+    """The module's first two folders: `e2e.operator.test_burst` → `e2e/operator`, `e2e.test_e2e` → `e2e`."""
     folders = module.split(".")[:-1]
     return "/".join(folders[:2]) or module
 
