@@ -13,6 +13,10 @@ Hydra overrides :func:`verl_overrides` writes from the kuberl side's RLJob, in i
   without flash-attn's varlen kernel makes transformers build a dense mask over the whole pack); its data file is the
   same rows with ``data_source`` ``openai/gsm8k``, which verl scores with its own strict GSM8K rule, the rule
   kuberl's builtin ``gsm8k`` reward copies;
+- verl's log-probs without flash-attn's cross-entropy kernel (``verl.utils.torch_functional.logprobs_from_logits``
+  falls back to a loop over the rows of its argument, which the padded path hands it as one row per token), unless
+  ``--verl-fused-kernels`` (``torch`` or ``triton``) turns on verl's fused linear + log-prob forward, which never
+  builds the logits;
 - verl's best settings here: dynamic batch size (the token budget), its torch.compile of the log-prob math,
   ``algorithm.rollout_correction.bypass_mode`` (``--verl-bypass on``: the rollout's log-probs stand for the old
   ones, so there is no old-log-prob pass, as kuberl skips it), the synchronous v1 trainer
@@ -147,6 +151,7 @@ def verl_stack(
     remove_padding: bool,
     bypass: bool,
     compile_log_probs: bool,
+    fused_kernels: str,
 ) -> dict[str, Any]:
     """What verl needs to run the job here, beside the shared settings (the module's docstring says why)."""
     return {
@@ -157,6 +162,8 @@ def verl_stack(
         f"+{ARR}.model.override_config.attn_implementation": attention,
         f"{ARR}.actor.ppo_max_token_len_per_gpu": token_budget,
         f"{ARR}.actor.use_torch_compile": compile_log_probs,
+        f"{ARR}.model.use_fused_kernels": fused_kernels != "off",
+        **({f"{ARR}.model.fused_kernel_options.impl_backend": fused_kernels} if fused_kernels != "off" else {}),
         f"{ARR}.rollout.free_cache_engine": True,
         "algorithm.rollout_correction.bypass_mode": bypass,
         "trainer.logger": ["console", "file"],
@@ -328,6 +335,7 @@ def run_verl(
         remove_padding=args.verl_remove_padding == "on",
         bypass=args.verl_bypass == "on",
         compile_log_probs=args.verl_compile == "on",
+        fused_kernels=args.verl_fused_kernels,
     )
     overrides = verl_overrides(kuberl_doc, stack, overlap=overlap)
     env = verl_env([*args.verl_site.split(":"), args.vllm_site], metrics_file)
@@ -377,6 +385,12 @@ def main() -> int:
     parser.add_argument("--verl-remove-padding", choices=["on", "off"], default="off")
     parser.add_argument("--verl-bypass", choices=["on", "off"], default="on", help="rollout log-probs as the old ones")
     parser.add_argument("--verl-compile", choices=["on", "off"], default="on", help="verl's torch.compile of log-probs")
+    parser.add_argument(
+        "--verl-fused-kernels",
+        choices=["off", "torch", "triton"],
+        default="off",
+        help="verl's fused linear + log-prob kernels (model.use_fused_kernels and its impl_backend)",
+    )
     parser.add_argument("--verl-max-tokens", type=int, help="verl's ppo_max_token_len_per_gpu (default: kuberl's)")
     parser.add_argument(
         "--verl-check-only",

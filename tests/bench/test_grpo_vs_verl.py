@@ -51,7 +51,9 @@ def _args(**changes: Any) -> argparse.Namespace:
     return argparse.Namespace(**{**job, **changes})
 
 
-def _overrides(tmp_path: Path, *, overlap: bool, **changes: Any) -> tuple[Any, dict[str, Any]]:
+def _overrides(
+    tmp_path: Path, *, overlap: bool, fused_kernels: str = "off", **changes: Any
+) -> tuple[Any, dict[str, Any]]:
     doc = kuberl_spec(
         _args(**changes), "/models/policy", "/data/train.parquet", True, "kuberl_overlap" if overlap else "kuberl"
     )
@@ -64,6 +66,7 @@ def _overrides(tmp_path: Path, *, overlap: bool, **changes: Any) -> tuple[Any, d
         remove_padding=False,
         bypass=True,
         compile_log_probs=True,
+        fused_kernels=fused_kernels,
     )
     return parse_spec(doc["spec"]), verl_overrides(doc, stack, overlap=overlap)
 
@@ -171,6 +174,14 @@ def test_verl_is_configured_for_this_stack(tmp_path: Path) -> None:
     assert overrides["algorithm.rollout_correction.bypass_mode"] is True  # no old-log-prob pass, as kuberl
     assert overrides["trainer.logger"] == ["console", "file"] and overrides["trainer.save_freq"] == -1
     assert overrides["data.train_files"] == ["/data/train-verl.parquet"] and overrides["trainer.use_v1"] is True
+    assert overrides[f"{ARR}.model.use_fused_kernels"] is False
+    assert f"{ARR}.model.fused_kernel_options.impl_backend" not in overrides
+
+
+def test_verls_fused_kernels_name_their_backend(tmp_path: Path) -> None:
+    _, overrides = _overrides(tmp_path, overlap=False, fused_kernels="triton")
+    assert overrides[f"{ARR}.model.use_fused_kernels"] is True
+    assert overrides[f"{ARR}.model.fused_kernel_options.impl_backend"] == "triton"
 
 
 def test_overrides_are_written_as_hydra_reads_them(tmp_path: Path) -> None:
