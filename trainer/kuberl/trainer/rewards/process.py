@@ -39,6 +39,13 @@ RAISED_IN_PROCESS: dict[str, type[RewardFunctionError]] = {
 }
 
 
+END_OF_BATCH = b"\0kuberl:end-of-batch\0"
+"""Written into the output pipe at the end of a batch (one write under PIPE_BUF: never split by another writer's),
+so that the reader charges what the batch printed before it to the batch, however far the reader lags behind."""
+END_OF_BATCH_WAIT_SECONDS = 10.0
+"""How long the end of a batch waits for the reader to reach its marker."""
+
+
 class OutputLimit:
     """This process's stdout and stderr, and its children's (they inherit the descriptors), through a pipe whose
     reader passes at most OUTPUT_BYTES_PER_BATCH per batch to the driver's stderr and counts the rest; each batch
@@ -51,29 +58,45 @@ class OutputLimit:
         os.dup2(write, 2)
         os.close(write)
         self.read = read
-        self.lock = threading.Lock()
         self.budget = OUTPUT_BYTES_PER_BATCH
         self.dropped = 0
+        self.batch_dropped = 0
+        self.batch_ended = threading.Event()
         threading.Thread(target=self.pump, name="kuberl-reward-output", daemon=True).start()
 
     def pump(self) -> None:
+        pending = b""
         while chunk := os.read(self.read, 65536):
-            with self.lock:
-                shown = chunk[: self.budget]
-                self.budget -= len(shown)
-                self.dropped += len(chunk) - len(shown)
-            if shown:
-                os.write(self.sink, shown)
+            pending += chunk
+            while END_OF_BATCH in pending:
+                before, _, pending = pending.partition(END_OF_BATCH)
+                self.show(before)
+                self.batch_dropped, self.dropped, self.budget = self.dropped, 0, OUTPUT_BYTES_PER_BATCH
+                self.batch_ended.set()
+            held = next(
+                (n for n in range(len(END_OF_BATCH) - 1, 0, -1) if pending.endswith(END_OF_BATCH[:n])), 0
+            )  # the start of a marker that the next read completes
+            self.show(pending[: len(pending) - held])
+            pending = pending[len(pending) - held :]
+
+    def show(self, output: bytes) -> None:
+        shown = output[: self.budget]
+        self.budget -= len(shown)
+        self.dropped += len(output) - len(shown)
+        if shown:
+            os.write(self.sink, shown)
 
     def end_batch(self) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
-        with self.lock:
-            dropped, self.dropped, self.budget = self.dropped, 0, OUTPUT_BYTES_PER_BATCH
-        if dropped:
+        self.batch_ended.clear()
+        os.write(1, END_OF_BATCH)
+        if not self.batch_ended.wait(END_OF_BATCH_WAIT_SECONDS):
+            return  # the reader lags that far behind (a blocked log): this batch goes without its note
+        if self.batch_dropped:
             note = (
-                f"[kuberl] the reward function's output was cut: {dropped} more bytes in this batch were not shown "
-                f"(at most {OUTPUT_BYTES_PER_BATCH} per batch)\n"
+                f"[kuberl] the reward function's output was cut: {self.batch_dropped} more bytes in this batch were "
+                f"not shown (at most {OUTPUT_BYTES_PER_BATCH} per batch)\n"
             )
             os.write(self.sink, note.encode())
 
