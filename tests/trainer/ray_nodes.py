@@ -93,9 +93,9 @@ class RayNodes:
             time.sleep(0.5)
         return True
 
-    def add_rollout_node(self) -> subprocess.Popen[bytes]:
-        """One rollout pod: a node of one CPU (one CPU engine) labelled as the rollout pool."""
-        return self.start(f"--address={self.address}", "--num-cpus=1", f"--labels={POOL_LABEL}={ROLLOUT_POOL}")
+    def add_rollout_node(self, cpus: int = 1) -> subprocess.Popen[bytes]:
+        """One rollout pod: a node of ``cpus`` CPUs (one: one CPU engine) labelled as the rollout pool."""
+        return self.start(f"--address={self.address}", f"--num-cpus={cpus}", f"--labels={POOL_LABEL}={ROLLOUT_POOL}")
 
     def kill(self, node: subprocess.Popen[bytes]) -> None:
         """The pod is gone: every process of the node gets SIGKILL at once."""

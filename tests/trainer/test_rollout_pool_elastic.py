@@ -3,12 +3,14 @@ the module: rollout nodes (``ray start --address …`` labelled as the rollout p
 asynchronous trainer runs. The goal scenario goes 2 → 1 → 3 engines: a node SIGKILLed mid-batch (a pod deleted),
 then the last engine's process SIGKILLed mid-generation (the pool is empty until its replacement on the same node
 has the weights), then two nodes joining; it finishes with every step trained once and no prompt twice. A pool
-that stays empty past runPolicy.emptyRolloutPoolTimeoutSeconds fails the attempt with an error naming it."""
+that stays empty past runPolicy.emptyRolloutPoolTimeoutSeconds fails the attempt with an error naming it, and so
+does one whose engines never come up (a rollout pod without a CPU for its engine, one whose CPU is taken)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +21,7 @@ import pytest
 
 from e2e.raypods import process_tree
 from kuberl.api import parse_spec
+from kuberl.api.contract import POOL_LABEL, ROLLOUT_POOL
 from kuberl.trainer.observe.metrics import read_jsonl
 from tests.trainer.ray_nodes import ENV, RayNodes, alive_rollout_nodes, auth_env, wait_until
 from tests.trainer.test_run_async_cpu import BATCH, Recorder, spec
@@ -50,16 +53,17 @@ def nodes() -> Iterator[RayNodes]:
             cluster.close()
 
 
-def add_rollout_nodes(nodes: RayNodes, count: int) -> list[Any]:
-    """``count`` more rollout nodes, up. Ray gives a starting raylet 30 s to register, which a loaded machine may
-    miss: a node process that exits before it is up is started again (a pod's container restarted)."""
+def add_rollout_nodes(nodes: RayNodes, count: int, cpus: int = 1) -> list[Any]:
+    """``count`` more rollout nodes of ``cpus`` CPUs, up. Ray gives a starting raylet 30 s to register, which a
+    loaded machine may miss: a node process that exits before it is up is started again (a pod's container
+    restarted)."""
     expected = alive_rollout_nodes() + count
-    added = [nodes.add_rollout_node() for _ in range(count)]
+    added = [nodes.add_rollout_node(cpus) for _ in range(count)]
 
     def up() -> bool:
         for i, node in enumerate(added):
             if node.poll() is not None:
-                added[i] = nodes.add_rollout_node()
+                added[i] = nodes.add_rollout_node(cpus)
         return alive_rollout_nodes() >= expected
 
     wait_until(up, f"{count} more rollout node(s)", timeout=300)
@@ -180,14 +184,22 @@ def test_the_pool_goes_from_two_engines_to_one_to_none_and_back_and_to_three_wit
     assert sum(r["rollout/lost_groups"] for r in steps) >= 2  # both kills' groups were generated again
 
 
+def keep_one_rollout_node(nodes: RayNodes) -> None:
+    """The rollout pool down to one node (the scenario above leaves three; run alone, there is none)."""
+    for node in nodes.nodes[1:]:
+        if node.poll() is None:
+            nodes.kill(node)
+    wait_until(lambda: alive_rollout_nodes() == 0, "the rollout nodes gone", timeout=120)
+    add_rollout_nodes(nodes, 1)
+
+
 @pytest.mark.timeout(900)
 def test_with_no_engine_left_past_the_timeout_the_attempt_fails_naming_it(tmp_path: Path, nodes: RayNodes) -> None:
     from kuberl.api.status import FailureClass
     from kuberl.trainer.driver.failures import classify
     from kuberl.trainer.rollout.engine_pool import RolloutPoolEmptyError
 
-    if alive_rollout_nodes() == 0:  # run alone: the scenario above left rollout nodes
-        add_rollout_nodes(nodes, 1)
+    keep_one_rollout_node(nodes)
 
     def lose_every_pod(trainer: Any) -> None:
         for engine in list(trainer.cluster.rollout.engines):
@@ -195,14 +207,62 @@ def test_with_no_engine_left_past_the_timeout_the_attempt_fails_naming_it(tmp_pa
                 nodes.kill(node_of(nodes, engine.slot[0]))
         wait_until(lambda: trainer.cluster.rollout.size == 0, "every engine dropped", timeout=60)
 
-    doc = elastic_spec(tmp_path, rollout_nodes=1, empty_timeout=10)
+    doc = elastic_spec(tmp_path, rollout_nodes=1, empty_timeout=30)  # the same timeout bounds the engine's start
     started = time.monotonic()
     with pytest.raises(RolloutPoolEmptyError) as failed:
         run(doc, tmp_path / "run", Recorder(), {2: lose_every_pod})
     assert time.monotonic() - started < 300
     message = str(failed.value)
-    assert "runPolicy.emptyRolloutPoolTimeoutSeconds = 10" in message and "kuberl.io/pool=rollout" in message
+    assert "no rollout engine for" in message, message  # lost while running, not at the start
+    assert "runPolicy.emptyRolloutPoolTimeoutSeconds = 30" in message and "kuberl.io/pool=rollout" in message
     assert classify(failed.value).kind == FailureClass.TRANSIENT  # retried under backoffLimit: not the job's end
     # the groups queued before the pool emptied may train a step more; the rest never came
     trained = [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")]
     assert trained == list(range(1, len(trained) + 1)) and 2 <= len(trained) < STEPS
+
+
+@pytest.mark.timeout(600)
+def test_engines_that_never_come_up_fail_the_start_naming_them(tmp_path: Path, nodes: RayNodes) -> None:
+    """Two rollout pods whose engines never come up: one without a CPU for its engine (Ray refuses the actor: the
+    slot is given up after its retries), one whose CPU another actor holds (the engine's actor waits to be placed).
+    The start gives up after the empty-pool timeout instead of waiting forever, and says which is which."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from kuberl.trainer.rollout.engine_pool import MAX_START_FAILURES, RolloutPoolEmptyError
+
+    keep_one_rollout_node(nodes)
+    holder = None
+    try:
+        add_rollout_nodes(nodes, 1, cpus=0)
+        (busy,) = [
+            n["NodeID"]
+            for n in ray.nodes()
+            if n["Alive"] and n["Resources"].get("CPU") and (n.get("Labels") or {}).get(POOL_LABEL) == ROLLOUT_POOL
+        ]
+        holder = (
+            ray.remote(num_cpus=1)(Holder)
+            .options(scheduling_strategy=NodeAffinitySchedulingStrategy(busy, False))
+            .remote()
+        )
+        ray.get(holder.ready.remote(), timeout=120)
+        doc = elastic_spec(tmp_path, rollout_nodes=2, empty_timeout=10)
+        started = time.monotonic()
+        with pytest.raises(RolloutPoolEmptyError) as failed:
+            run(doc, tmp_path / "run", Recorder(), {})
+        assert time.monotonic() - started < 240
+        message = str(failed.value)
+        assert "within 10 s (runPolicy.emptyRolloutPoolTimeoutSeconds = 10)" in message, message
+        assert re.search(rf"1 rollout engine\(s\) not up after 10 s \(engine \d+ on node {busy}\)", message), message
+        assert f"1 slot(s) given up after {MAX_START_FAILURES} engines died starting there" in message, message
+        assert "ray status" in message
+    finally:
+        if holder is not None:
+            ray.kill(holder)
+
+
+class Holder:
+    """An actor that holds a CPU of its node."""
+
+    def ready(self) -> bool:
+        return True

@@ -966,8 +966,9 @@ class RunPolicy(SpecModel):
         DEFAULT_EMPTY_ROLLOUT_POOL_TIMEOUT_SECONDS,
         ge=1,
         le=2**31 - 1,
-        description="With rollout.placement separate: how long the trainer waits while no rollout engine is left "
-        "(every rollout pod deleted or preempted) before the attempt fails (transient: retried under backoffLimit); "
+        description="With rollout.placement separate: how long the trainer waits while no rollout engine is up (at "
+        "start: none placed or loaded yet; later: every rollout pod deleted or preempted) before the attempt fails "
+        "(transient: retried under backoffLimit); "
         "meanwhile the RLJob has the condition RolloutPoolEmpty. Stall detection (stallTimeoutSeconds) counts on.",
     )
     termination_grace_period_seconds: int = Field(

@@ -119,6 +119,8 @@ class EnginePool(Rollout):
         self.engines: list[PoolEngine] = []
         self.started = 0
         self.start_failures: dict[Slot, int] = {}
+        self.last_start_error = ""
+        """Why the last engine that died before it was up died (named when no engine is up at the start)."""
         self.version = 0
         """The weights every active engine holds: the trainer step they are the result of."""
         self.updating = False
@@ -140,28 +142,60 @@ class EnginePool(Rollout):
         return len(self.active)
 
     def start(self) -> None:
-        """Start an engine in every slot the Ray cluster has now and wait until they are up (joining); waits for a
-        rollout node to appear in the ``pools`` layout, up to the empty-pool timeout."""
+        """Start an engine in every slot the Ray cluster has now and wait until they are up (joining), up to the
+        empty-pool timeout: past it the pool goes on with the engines that are up (one still starting joins at a
+        later refresh), and with none up it raises, naming what it waited for."""
         import ray
 
         deadline = time.monotonic() + self.empty_timeout
         while True:
             self.refresh(force=True)
             with self.lock:
-                starting = [e.starting for e in self.engines if e.state == "starting"]
+                starting = [e for e in self.engines if e.state == "starting"]
                 joining = any(e.state == "joining" for e in self.engines)
-            if starting:
-                ray.wait(starting, num_returns=len(starting), timeout=REFRESH_SECONDS)
-            elif joining:
+            late = time.monotonic() > deadline
+            if joining and (late or not starting):
+                if starting:
+                    self.write(f"warning: {self._still_starting(starting)}; going on without them")
                 return
-            elif time.monotonic() > deadline:
-                raise RolloutPoolEmptyError(
-                    f"no rollout engine could start within {self.empty_timeout:.0f} s "
-                    "(runPolicy.emptyRolloutPoolTimeoutSeconds): no Ray node of the rollout pool "
-                    f"({POOL_LABEL}={ROLLOUT_POOL}) is up; check the RayJob's rollout worker group's pods"
-                )
+            if late:
+                raise RolloutPoolEmptyError(self._none_started(starting))
+            if starting:
+                ray.wait([e.starting for e in starting], num_returns=len(starting), timeout=REFRESH_SECONDS)
             else:
                 time.sleep(REFRESH_SECONDS)
+
+    def _still_starting(self, starting: list[PoolEngine]) -> str:
+        slots = ", ".join(
+            f"engine {e.number} on {'node ' + e.slot[0] if e.slot[0] else 'slot ' + str(e.slot[1])}" for e in starting
+        )
+        return f"{len(starting)} rollout engine(s) not up after {self.empty_timeout:.0f} s ({slots})"
+
+    def _none_started(self, starting: list[PoolEngine]) -> str:
+        timeout = f"{self.empty_timeout:.0f} s (runPolicy.emptyRolloutPoolTimeoutSeconds = {self.empty_timeout:.0f})"
+        given_up = sum(1 for failures in self.start_failures.values() if failures >= MAX_START_FAILURES)
+        failed = (
+            f"; {given_up} slot(s) given up after {MAX_START_FAILURES} engines died starting there "
+            f"(the last: {self.last_start_error})"
+            if given_up
+            else ""
+        )
+        if starting:
+            return (
+                f"no rollout engine came up within {timeout}: {self._still_starting(starting)}, still starting: Ray "
+                "cannot place an engine actor while its node's CPUs or GPUs are taken, or the engine is still "
+                f"loading the model{failed}; check `ray status` on the head and the rollout pods' resources, or "
+                "raise runPolicy.emptyRolloutPoolTimeoutSeconds for a slow model load"
+            )
+        if given_up:
+            return (
+                f"no rollout engine could start within {timeout}{failed}: the rollout pods lack what an engine "
+                "asks for, or the engine fails as it starts; check the rollout pods' resources and the engine's log"
+            )
+        return (
+            f"no rollout engine could start within {timeout}: no Ray node of the rollout pool "
+            f"({POOL_LABEL}={ROLLOUT_POOL}) is up; check the RayJob's rollout worker group's pods"
+        )
 
     def refresh(self, *, force: bool = False) -> None:
         """At most every :data:`REFRESH_SECONDS` (unless ``force``): engines that finished starting join, engines on
@@ -238,6 +272,7 @@ class EnginePool(Rollout):
                 self.start_failures[engine.slot] = failures = self.start_failures.get(engine.slot, 0) + 1
                 self.engines.remove(engine)
             given_up = " (giving its slot up)" if failures >= MAX_START_FAILURES else ""
+            self.last_start_error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             self.write(f"warning: rollout engine {engine.number} did not start{given_up}: {exc}")
             return
         with self.lock:
