@@ -88,10 +88,10 @@ class KubeRayRunner:
     def stop(self) -> None:
         self._stop.set()
         if self._thread:
-            self._thread.join(timeout=30)
-        for attempt in self.attempts.values():
+            self._thread.join(timeout=120)  # a reconcile under way finishes first (slow on a loaded machine)
+        while self.attempts:  # popped one at a time: a loop that is still finishing may add one meanwhile
+            _, attempt = self.attempts.popitem()
             attempt.kill()
-        self.attempts.clear()
 
     # --- the controller loop ----------------------------------------------------------
 
