@@ -80,15 +80,20 @@ def start_in_session(command: list[str]) -> subprocess.Popen[str]:
     )
 
 
-def example_run(example: str, tmp_path: Path, *, steps: int, timeout: float) -> list[dict[str, Any]]:
+def example_run(
+    example: str, tmp_path: Path, *, steps: int, timeout: float, seed: int | None = None
+) -> list[dict[str, Any]]:
     """The step records of `kuberl run examples/<example>` as a learning check runs it: the example's data and model
-    from the checkout, no validation, no checkpoints, metrics in metrics.jsonl only."""
+    from the checkout, no validation, no checkpoints, metrics in metrics.jsonl only; ``seed`` replaces the example's
+    data.seed (its data order, sampling and initialisation)."""
     doc = yaml.safe_load((REPO / "examples" / example).read_text())
     spec = doc["spec"]
     if (REPO / spec["model"]["path"]).exists():
         spec["model"]["path"] = str(REPO / spec["model"]["path"])
     spec["data"]["trainFiles"] = [str(REPO / f) for f in spec["data"]["trainFiles"]]
     spec["data"]["valFiles"] = []
+    if seed is not None:
+        spec["data"]["seed"] = seed
     assert spec["trainer"]["totalSteps"] == steps  # the example is the learning run
     spec["trainer"].update(
         testFreq=-1,

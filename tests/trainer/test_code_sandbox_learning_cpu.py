@@ -30,9 +30,10 @@ exceed that of its first 3 by GAIN."""
 
 @pytest.mark.long
 @pytest.mark.timeout(5400)
-def test_grpo_with_code_tests_raises_the_pass_rate_of_smollm2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("seed", [1, 2], ids=["example-seed", "seed-2"])
+def test_grpo_with_code_tests_raises_the_pass_rate_of_smollm2(tmp_path: Path, seed: int) -> None:
     require_isolation()
-    records = example_run("code-sandbox-cpu.yaml", tmp_path, steps=STEPS, timeout=5000)
+    records = example_run("code-sandbox-cpu.yaml", tmp_path, steps=STEPS, timeout=5000, seed=seed)
     reward = window_means(records, "critic/score/mean", WINDOW)
     print(
         f"pass rate {reward[0]:.3f} → {reward[1]:.3f}; per step "
