@@ -272,7 +272,7 @@ class EnginePool(Rollout):
                 self.start_failures[engine.slot] = failures = self.start_failures.get(engine.slot, 0) + 1
                 self.engines.remove(engine)
             given_up = " (giving its slot up)" if failures >= MAX_START_FAILURES else ""
-            self.last_start_error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self.last_start_error = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             self.write(f"warning: rollout engine {engine.number} did not start{given_up}: {exc}")
             return
         with self.lock:
