@@ -435,6 +435,7 @@ KUBERL_SIDES: dict[str, dict[str, Any]] = {
     "kuberl_overlap": {"overlap": "oneStepOffPolicy"},
     "kuberl_async_k1": {"overlap": "async", "maxStaleness": 1},
     "kuberl_async_k2": {"overlap": "async", "maxStaleness": 2},
+    "kuberl_async_k2_partial": {"overlap": "async", "maxStaleness": 2, "partialRollouts": True},
 }
 """kuberl's rows by side name: what each sets in ``rollout`` besides the synchronous job (an overlapped row also
 runs its engine separate, with the rollout correction)."""
@@ -442,7 +443,7 @@ OVERLAP_ROWS: dict[str, list[str]] = {
     "off": ["kuberl"],
     "on": ["kuberl_overlap"],
     "both": ["kuberl", "kuberl_overlap"],
-    "async": ["kuberl_overlap", "kuberl_async_k1", "kuberl_async_k2"],
+    "async": ["kuberl_overlap", "kuberl_async_k1", "kuberl_async_k2", "kuberl_async_k2_partial"],
     "all": list(KUBERL_SIDES),
 }
 """``--overlap``: the kuberl sides it runs."""

@@ -9,7 +9,8 @@ and how tokens/s are counted). Each side runs in a fresh subprocess, one after t
   one-step-off-policy row (side ``kuberl_overlap``): ``rollout.placement separate`` (on one GPU the engine shares the
   card in its own process, weights by CUDA IPC) with ``rollout.overlap oneStepOffPolicy`` and the rollout correction;
   with ``--overlap async`` that row and the asynchronous ones (``kuberl_async_k1``, ``kuberl_async_k2``:
-  ``rollout.overlap async`` at ``maxStaleness`` 1 and 2, docs/async.md), each printed against the one-step-off row
+  ``rollout.overlap async`` at ``maxStaleness`` 1 and 2, and ``kuberl_async_k2_partial`` at 2 with
+  ``partialRollouts``, docs/async.md), each printed against the one-step-off row
   (``ratio_kuberl_async_k2_vs_overlap``, issue 36's goal 1.3 on one card); ``--overlap all`` runs every row.
 - TRL: ``GRPOTrainer`` with ``per_device_train_batch_size`` = micro-batch, ``gradient_accumulation_steps`` =
   prompts × group ÷ micro-batch, ``num_generations`` = group, ``beta`` 0, bf16 autocast over fp32 weights on a GPU;
@@ -374,7 +375,7 @@ def main() -> int:
 def print_async_ratios(result: dict[str, Any]) -> None:
     """The asynchronous rows against the one-step-off row of the same run (``ratio_<side>_vs_overlap``)."""
     one_step_off = result.get("kuberl_overlap", {}).get("tokens_per_s")
-    for side in ("kuberl_async_k1", "kuberl_async_k2"):
+    for side in (s for s in KUBERL_SIDES if s.startswith("kuberl_async")):
         ours = result.get(side, {}).get("tokens_per_s")
         if ours and one_step_off:
             result[f"ratio_{side}_vs_overlap"] = ratio = round(ours / one_step_off, 3)

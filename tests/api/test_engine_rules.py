@@ -87,7 +87,7 @@ def test_an_engine_that_cannot_continue_a_generation_refuses_partial_rollouts() 
     assert issues == {
         "engine-partial-rollouts": "spec.rollout.partialRollouts: rollout.partialRollouts continues a generation "
         "interrupted by a weight update with the new weights, which rollout.engine overlapping cannot; engines that "
-        "can: hf"
+        "can: vllm, hf"
     }
 
 

@@ -50,11 +50,17 @@ def test_the_overlapped_kuberl_side_is_one_step_off_on_a_separate_engine() -> No
     assert spec.algorithm.rollout_correction.enabled and spec.cluster.rollout is not None
 
 
-@pytest.mark.parametrize("side, staleness", [("kuberl_async_k1", 1), ("kuberl_async_k2", 2)])
-def test_the_async_kuberl_sides_run_separate_engines_at_their_staleness(side: str, staleness: int) -> None:
+@pytest.mark.parametrize(
+    "side, staleness, partial",
+    [("kuberl_async_k1", 1, False), ("kuberl_async_k2", 2, False), ("kuberl_async_k2_partial", 2, True)],
+)
+def test_the_async_kuberl_sides_run_separate_engines_at_their_staleness(
+    side: str, staleness: int, partial: bool
+) -> None:
     spec = parse_spec(kuberl_spec(_args("auto"), "/models/m", "/data/train.parquet", True, side)["spec"])
     assert (spec.rollout.placement, spec.rollout.overlap) == ("separate", "async")
     assert spec.rollout.staleness_limit == staleness and spec.rollout.calculate_log_probs
+    assert spec.rollout.partial_rollouts == partial
     assert spec.algorithm.rollout_correction.enabled
 
 
@@ -65,9 +71,11 @@ def test_the_async_rows_are_compared_with_the_one_step_off_row() -> None:
         "kuberl_overlap": {"tokens_per_s": 1000.0},
         "kuberl_async_k1": {"tokens_per_s": 1200.0},
         "kuberl_async_k2": {"tokens_per_s": 1350.0},
+        "kuberl_async_k2_partial": {"tokens_per_s": 1500.0},
     }
     print_async_ratios(result)
     assert result["ratio_kuberl_async_k1_vs_overlap"] == 1.2 and result["ratio_kuberl_async_k2_vs_overlap"] == 1.35
+    assert result["ratio_kuberl_async_k2_partial_vs_overlap"] == 1.5
 
 
 SYNC = {

@@ -48,3 +48,32 @@ def test_each_batch_is_generated_one_step_behind_alongside_the_update(train_file
     assert [s["rollout/staleness"] for s in steps] == [0] + [1] * (STEPS - 1)
     assert steps[0]["training/rollout_probs_diff_mean"] < ROLLOUT_PROBS_TOLERANCE
     assert all(s["timing_s/overlap"] > 0 for s in steps[:-1])
+
+
+@pytest.mark.parametrize("partial", [False, True], ids=["whole", "partial"])
+def test_async_generation_stays_within_its_staleness_bound(partial, train_file, tmp_path, record):
+    """``rollout.overlap: async`` at ``maxStaleness`` 2 on the shared card; with ``partialRollouts`` the engine's
+    generations in flight stop at every weight update and continue with the new weights
+    (``rollout/interrupted_samples``). Responses up to 256 tokens make generation, not the update, the slower side,
+    so a generation is in flight at every update."""
+    job = rljob(train_file)
+    job["spec"]["data"]["maxResponseLength"] = 256
+    job["metadata"]["name"] = f"async-{'partial' if partial else 'whole'}"
+    job["spec"]["rollout"].update(overlap="async", maxStaleness=2, partialRollouts=partial)
+    spec_file = tmp_path / "rljob.yaml"
+    spec_file.write_text(yaml.safe_dump(job))
+    run = kuberl_run(spec_file, tmp_path / "run", timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if "rollout/staleness" in s]
+    interrupted = [s.get("rollout/interrupted_samples", 0.0) for s in steps]
+    record[job["metadata"]["name"]] = {
+        "staleness": [s["rollout/staleness"] for s in steps],
+        "interrupted_samples": interrupted,
+        "rollout_probs_diff_mean": [round(s["training/rollout_probs_diff_mean"], 5) for s in steps],
+        "step_s": [round(s.get("timing_s/step", 0.0), 3) for s in steps],
+    }
+    assert len(steps) == STEPS
+    assert all(0 <= s["rollout/staleness"] <= 2 for s in steps)
+    assert (sum(interrupted) > 0) == partial, interrupted
+    assert steps[0]["training/rollout_probs_diff_mean"] < ROLLOUT_PROBS_TOLERANCE

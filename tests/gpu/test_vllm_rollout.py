@@ -254,3 +254,50 @@ def test_prompt_log_probs_of_a_fixed_sequence_match_transformers(
         }
     )
     assert diff.mean() < tolerance(floor)
+
+
+STORY = "Write a very long story about a lighthouse keeper, with many chapters."
+
+
+def test_an_interrupted_generation_keeps_what_it_sampled_and_continues_where_it_stopped(engine, tokenizer, record):
+    """Partial rollouts on the vLLM engine: an interrupt stops a greedy generation after the engine step in
+    progress; the tokens kept are the uninterrupted generation's so far, with its log-probs, and generating on from
+    them gives the uninterrupted generation's next tokens (same weights: prefill of the kept tokens instead of their
+    decode, so bf16 may part the two later on a near tie; the first 16 must agree)."""
+    import threading
+
+    budget = 900
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": STORY}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    sampling = {"temperature": 0.0, "max_new_tokens": budget}
+    (whole,) = split(engine.generate([prompt], 1, **sampling))
+    assert len(whole[0]) > 200, f"the story ended after {len(whole[0])} tokens: too short to interrupt"
+
+    interrupt = threading.Event()
+    timer = threading.Timer(0.3, interrupt.set)
+    timer.start()
+    batch = engine.generate([prompt], 1, **sampling, interrupt=interrupt)
+    timer.join()
+    assert batch.finished is not None and not bool(batch.finished[0])
+    ((kept, kept_log_probs),) = split(batch)
+    cut = len(kept)
+    assert 0 < cut < len(whole[0]), f"stopped after {cut} of {len(whole[0])} tokens"
+    assert kept == whole[0][:cut]
+    assert kept_log_probs == pytest.approx(whole[1][:cut], abs=1e-3)
+
+    (rest,) = split(engine.generate([prompt + kept], 1, **{**sampling, "max_new_tokens": budget - cut}))
+    agree = next((i for i, (a, b) in enumerate(zip(rest[0], whole[0][cut:], strict=False)) if a != b), len(rest[0]))
+    record["interrupted_generation"] = {"tokens": len(whole[0]), "cut": cut, "continuation_agrees_for": agree}
+    assert agree >= min(16, len(whole[0]) - cut), f"the continuation parts from the whole after {agree} tokens"
+
+    interrupt.clear()
+    unstopped = engine.generate([prompt], 1, **sampling, interrupt=interrupt)
+    assert unstopped.finished is not None and bool(unstopped.finished[0])
+    assert split(unstopped)[0][0] == whole[0]  # an interrupt never set changes nothing
+
+
+def split(batch) -> list[tuple[list[int], list[float]]]:
+    """Each row's generated tokens (up to and including eos) and their log-probs."""
+    lengths = batch.response_mask.sum(-1).tolist()
+    return [(batch.responses[i, :n].tolist(), batch.log_probs[i, :n].tolist()) for i, n in enumerate(lengths)]

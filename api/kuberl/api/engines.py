@@ -52,7 +52,7 @@ ENGINES: dict[str, EngineCapabilities] = {
         tensor_parallel=True,
         log_probs=True,
         overlap=True,
-        partial_rollouts=False,  # its weight load waits for the generation in flight (docs/async.md)
+        partial_rollouts=True,
         max_lora_rank=512,  # vLLM's max_lora_rank choices end at 512
     ),
     "hf": EngineCapabilities(

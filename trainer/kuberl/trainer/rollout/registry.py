@@ -146,7 +146,9 @@ def vllm_separate(args: EngineArgs, context: EngineContext, transport: Transport
     from kuberl.trainer.rollout.vllm import VLLMEngineActor
 
     kwargs = {k: v for k, v in args.kwargs().items() if k != "seed"}  # the group gives engine i seed + i
-    return SeparateEngine(VLLMEngineActor, {"eos_ids": context.eos_ids, "weight_transfer": transport, **kwargs})
+    kwargs |= {"eos_ids": context.eos_ids, "weight_transfer": transport, "partial_rollouts": args.partial_rollouts}
+    options = dict(VLLMEngineActor.PARTIAL_ACTOR_OPTIONS) if args.partial_rollouts else {}
+    return SeparateEngine(VLLMEngineActor, kwargs, options)
 
 
 register_engine(Engine("vllm", "vLLM", ENGINES["vllm"], vllm_colocated, vllm_separate))

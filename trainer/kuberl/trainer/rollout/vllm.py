@@ -23,9 +23,12 @@ temperature, so ``training/rollout_probs_diff_*`` compares like with like when t
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
-from collections.abc import Iterable, Sequence
-from typing import Any
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -95,6 +98,16 @@ def gpu_memory_in_use_gib() -> float:
     return (total - free) / 2**30
 
 
+@dataclass
+class Sample:
+    """One sampled response: its tokens, their log-probs when asked for, and whether it ended (eos, a stop
+    string or the token budget) rather than being stopped by an interrupt."""
+
+    tokens: list[int]
+    log_probs: list[float] | None
+    finished: bool = True
+
+
 class VLLMEngine:
     """One vLLM engine and its generation; the placements differ in how weights arrive and whether it sleeps
     (:class:`VLLMRollout` colocated, :class:`SeparateVLLMEngine`). ``model_path`` is anything ``loading.resolve``
@@ -103,6 +116,8 @@ class VLLMEngine:
 
     in_process = True
     """Run vLLM's engine core in this process (weights reach the model without crossing a process boundary)."""
+    _request_numbers: ClassVar[Iterator[int]] = itertools.count()
+    """Request ids of interruptible generations, unique in the process."""
 
     def __init__(
         self,
@@ -205,9 +220,12 @@ class VLLMEngine:
         top_k: int = -1,
         max_new_tokens: int,
         stop: tuple[str, ...] = (),
+        interrupt: threading.Event | None = None,
     ) -> RolloutBatch:
         """``n`` samples per prompt; greedy (``temperature`` 0) repeats each prompt ``n`` times (vLLM refuses
-        ``n > 1`` for greedy sampling)."""
+        ``n > 1`` for greedy sampling). ``interrupt``: once set, the requests still running stop after the engine
+        step in progress, keeping what they sampled, and the batch says which rows had ended anyway
+        (:attr:`RolloutBatch.finished`; partial rollouts)."""
         from vllm import TokensPrompt
 
         if not prompts:
@@ -222,28 +240,71 @@ class VLLMEngine:
         )
         copies = n if params.n == 1 else 1
         requests = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompts for _ in range(copies)]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
-        samples = [c for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
         expanded = [p for p in prompts for _ in range(n)]
+        if interrupt is not None:
+            samples = self._generate_until(requests, params, interrupt)
+            batch = self._to_batch(expanded, samples)
+            batch.finished = torch.as_tensor([s.finished for s in samples])
+            return batch
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        samples = [
+            Sample(list(c.token_ids), self._log_probs(c) if self.calculate_log_probs else None)
+            for out in outputs
+            for c in sorted(out.outputs, key=lambda c: c.index)
+        ]
         return self._to_batch(expanded, samples)
 
-    def _to_batch(self, prompts: list[list[int]], samples: list[Any]) -> RolloutBatch:
+    def _generate_until(self, requests: list[Any], params: Any, interrupt: threading.Event) -> list[Sample]:
+        """``LLM.generate`` runs every request to its end; this steps the engine itself, taking each request's new
+        tokens as they come (vLLM's ``DELTA`` outputs), and aborts the requests still running once ``interrupt``
+        is set. The samples in request order, each request's ``n`` by index."""
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self.llm.llm_engine
+        params.output_kind = RequestOutputKind.DELTA
+        ids = [f"kuberl-{next(self._request_numbers)}" for _ in requests]
+        samples = {
+            (rid, i): Sample([], [] if self.calculate_log_probs else None, finished=False)
+            for rid in ids
+            for i in range(params.n)
+        }
+        for rid, request in zip(ids, requests, strict=True):
+            engine.add_request(rid, request, params)
+        running = set(ids)
+        while engine.has_unfinished_requests():
+            if interrupt.is_set():
+                engine.abort_request(sorted(running))
+                break
+            for out in engine.step():
+                for completion in out.outputs:
+                    sample = samples[(out.request_id, completion.index)]
+                    sample.tokens.extend(int(t) for t in completion.token_ids)
+                    if sample.log_probs is not None:
+                        sample.log_probs += self._log_probs(completion)
+                    sample.finished = completion.finish_reason is not None
+                if out.finished:
+                    running.discard(out.request_id)
+        return list(samples.values())
+
+    @staticmethod
+    def _log_probs(completion: Any) -> list[float]:
+        """The log-probs of the tokens a vLLM ``CompletionOutput`` carries (asked for with ``logprobs=0``)."""
+        if completion.logprobs is None:
+            raise RuntimeError("vLLM returned no log-probs although logprobs=0 was requested")
+        return [completion.logprobs[pos][tok].logprob for pos, tok in enumerate(completion.token_ids)]
+
+    def _to_batch(self, prompts: list[list[int]], samples: list[Sample]) -> RolloutBatch:
         if len(samples) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(samples)} samples for {len(prompts)} requested")
         ids, mask = left_pad(prompts, self.pad_id)
-        width = max(1, max(len(s.token_ids) for s in samples))
+        width = max(1, max(len(s.tokens) for s in samples))
         responses = torch.full((len(samples), width), self.pad_id, dtype=torch.long)
         log_probs = torch.zeros((len(samples), width), dtype=torch.float32) if self.calculate_log_probs else None
         for i, sample in enumerate(samples):
-            tokens = list(sample.token_ids)
-            responses[i, : len(tokens)] = torch.as_tensor(tokens, dtype=torch.long)
-            if log_probs is not None:
-                if sample.logprobs is None:
-                    raise RuntimeError("vLLM returned no log-probs although logprobs=0 was requested")
-                log_probs[i, : len(tokens)] = torch.as_tensor(
-                    [sample.logprobs[pos][tok].logprob for pos, tok in enumerate(tokens)], dtype=torch.float32
-                )
-        lengths = torch.as_tensor([len(s.token_ids) for s in samples])
+            responses[i, : len(sample.tokens)] = torch.as_tensor(sample.tokens, dtype=torch.long)
+            if log_probs is not None and sample.log_probs is not None:
+                log_probs[i, : len(sample.tokens)] = torch.as_tensor(sample.log_probs, dtype=torch.float32)
+        lengths = torch.as_tensor([len(s.tokens) for s in samples])
         generated = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
         response_mask = response_mask_from_eos(responses, self.eos_ids) * generated
         responses = responses.masked_fill(response_mask == 0, self.pad_id)
@@ -304,12 +365,20 @@ class VLLMRollout(VLLMEngine, ColocatedRollout):
         top_k: int = -1,
         max_new_tokens: int,
         stop: tuple[str, ...] = (),
+        interrupt: threading.Event | None = None,
     ) -> RolloutBatch:
         """Wakes the engine first (a no-op when awake)."""
         if not self._weights_stale:
             self.wake()
         return super().generate(
-            prompts, n, temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, stop=stop
+            prompts,
+            n,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            interrupt=interrupt,
         )
 
     # --- weights ----------------------------------------------------------------------------------------------
@@ -411,27 +480,54 @@ class SeparateVLLMEngine(VLLMEngine):
 
 
 class VLLMEngineActor:
-    """A Ray actor holding one engine of a separate rollout (placed by :func:`layout.engine_actor_options`)."""
+    """A Ray actor holding one engine of a separate rollout (placed by :func:`layout.engine_actor_options`).
 
-    def __init__(self, model_path: str, **kwargs: Any) -> None:
+    With ``partial_rollouts`` it runs threaded (:data:`PARTIAL_ACTOR_OPTIONS`): a weight update arriving during a
+    generation stops it after the engine step in progress (the batch returned says which rows had not finished);
+    without, it runs one call at a time and the update waits for the generation."""
+
+    PARTIAL_ACTOR_OPTIONS: ClassVar[dict[str, Any]] = {"max_concurrency": 2}
+    """A weight update and a generation may arrive together: the update stops the generation rather than queue."""
+
+    def __init__(self, model_path: str, *, partial_rollouts: bool = False, **kwargs: Any) -> None:
         self.rollout = SeparateVLLMEngine(model_path, **kwargs)
         self.weight_version = 0
+        self.partial_rollouts = partial_rollouts
+        self.engine_free = threading.Lock()
+        """Held by a generation, or by a weight update from its start to its finish: vLLM's engine serves one
+        thread at a time."""
+        self.new_weights = threading.Event()
+        """Set while a weight update waits for the generation in flight to stop."""
 
     def generate(self, prompts: list[list[int]], n: int, sampling: dict[str, Any]) -> dict[str, Tensor]:
-        return self.rollout.generate(prompts, n, **sampling).stamped(self.weight_version).as_rows()
+        with self.engine_free:
+            interrupt = self.new_weights if self.partial_rollouts else None
+            batch = self.rollout.generate(prompts, n, **sampling, interrupt=interrupt)
+            return batch.stamped(self.weight_version).as_rows()
 
     def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
         self.rollout.llm.init_weight_transfer_engine({"init_info": init_info})
 
     def start_weight_update(self) -> None:
-        self.rollout.start_weight_update()
+        if self.partial_rollouts:
+            self.new_weights.set()
+        self.engine_free.acquire()
+        self.new_weights.clear()
+        try:
+            self.rollout.start_weight_update()
+        except BaseException:
+            self.engine_free.release()
+            raise
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         self.rollout.receive_weights(update_info)
 
     def finish_weight_update(self, version: int) -> None:
-        self.rollout.finish_weight_update()
-        self.weight_version = version
+        try:
+            self.rollout.finish_weight_update()
+            self.weight_version = version
+        finally:
+            self.engine_free.release()
 
     def ready(self) -> bool:
         """Answers once the engine is up (the constructor has loaded the model)."""
