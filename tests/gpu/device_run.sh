@@ -6,9 +6,9 @@
 # or carried in .device/x1 and .device/x-trl, docs/gpu.md), install-verl (verl's site from the wheels staged in
 # /root/verl-stage, checked against its SHA256SUMS, into /root/verl-site; VERL_TF59=1 also puts verl's pinned
 # transformers from /root/verl-tf59 before it), env (only set up the environment), lite (no bundle: the carried
-# .device/lite wheels, for bench-mfu and the tests not marked vllm), tests (tests/gpu, one process per module),
-# bench-sync, bench-rollout, bench-mfu (MFU_ARGS), bench-trl (TRL_ARGS), verl-check (compose and validate verl's
-# configuration of the rows, seconds), bench-verl (VERL_ARGS), grpo (GRPO_SPECS, tests/gpu/*.yaml), agent
+# .device/lite wheels, for bench-mfu and the tests not marked vllm), tests (tests/gpu, one process per module or
+# TEST_FILES' node ids, TEST_TIMEOUT s each), bench-sync, bench-rollout, bench-mfu (MFU_ARGS), bench-trl (TRL_ARGS),
+# verl-check (compose and validate verl's configuration of the rows, seconds), bench-verl (VERL_ARGS), grpo (GRPO_SPECS, tests/gpu/*.yaml), agent
 # (tests/gpu/smollm2-agent-vllm.yaml), plan (bench/plan_accuracy.py on the kuberl side of the last bench-trl, whose
 # TRL_ARGS must include --work-dir "$BENCH_DIR"). The 1.1B benchmark: TRL_ARGS="--model shape:llama-1.1b --work-dir
 # /tmp/bench-1b ..." (the script writes the random-weight model). .device/PLAN.md (in the integrator's checkout) has
@@ -111,7 +111,7 @@ lite() {
 run_tests() {
   for f in ${TEST_FILES:-tests/gpu/test_weight_buckets.py tests/gpu/test_vllm_rollout.py tests/gpu/test_fsdp_colocated.py}; do
     log "pytest $f"
-    KUBERL_GPU_RESULTS="$OUT" timeout 300 python3 -m pytest -q -p no:cacheprovider -rA "$f" 2>&1 \
+    KUBERL_GPU_RESULTS="$OUT" timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -rA "$f" 2>&1 \
       | grep -v -e "^INFO" -e "^(EngineCore" -e "^WARNING" | tail -80 >> "$OUT/tests.log"
     log "pytest $f: exit ${PIPESTATUS[0]}"
     grep -E "passed|failed|error" "$OUT/tests.log" | tail -1 | tee -a "$OUT/session.log"
