@@ -6,7 +6,8 @@ samples, responses ≤ ``--max-response`` tokens, temperature 1, no KL term, con
 gradient checkpointing, one optimizer step per step, bf16 compute over fp32 weights on a GPU, vLLM at
 ``--gpu-memory-utilization`` of the card with CUDA graphs. tokens/s of a side = prompt + response tokens (eos
 included, padding excluded) of every sample, summed over steps 2…N, ÷ their summed step seconds (step 1 warms up;
-a side that generates ahead also leaves out step N, which generates nothing ahead).
+a side that generates ``a`` batches ahead — 1 one step off, k async — is measured over steps a + 2 … N − a:
+the first a after the warm-up take batches generated during it, the last a generate nothing ahead).
 
 While a side runs, a thread reads the card's memory in use from NVML every ``NVML_INTERVAL_S`` (the whole device,
 every process: trainer, engines, Ray), the figure ``kuberl plan`` is checked against
@@ -131,8 +132,9 @@ def job_settings(args: argparse.Namespace, gpu: bool, data: dict[str, Any]) -> d
 
 TOKENS = "prompt + response tokens (eos included, padding excluded) of every response, per step"
 TOKENS_PER_S = (
-    "sum of tokens ÷ sum of step seconds over steps 2…N (step 1 is warm-up); 2…N−1 for a side that generates "
-    "ahead (its step N generates nothing ahead)"
+    "sum of tokens ÷ sum of step seconds over steps 2…N (step 1 is warm-up); a + 2 … N − a for a side that "
+    "generates a batches ahead (1 one step off, k async): the first a after step 1 take the batches generated "
+    "during it, the last a generate nothing ahead"
 )
 
 
@@ -364,16 +366,22 @@ def run_side(
 # --- the summary -------------------------------------------------------------------------------------------------
 
 
-def summarise(steps: list[dict[str, Any]], *, generates_ahead: bool = False) -> dict[str, Any]:
-    """Per-step tokens and seconds → tokens/s over steps 2…N (sum ÷ sum) and the mean of those steps' rates.
+def summarise(steps: list[dict[str, Any]], *, ahead: int = 0) -> dict[str, Any]:
+    """Per-step tokens and seconds → tokens/s over the steady steps (sum ÷ sum) and the mean of those steps' rates.
 
-    ``generates_ahead``: steps 2…N−1 only. The last step of an overlapped run generates no next batch, so it is
-    shorter than a steady-state step and would flatter the rate."""
-    measured_steps = steps[1:-1] if generates_ahead else steps[1:]
+    ``ahead``: the batches a side generates ahead of the step that trains (0 synchronous, 1 one step off, ``k`` for
+    ``async`` at ``maxStaleness`` k). Step 1 is warm-up (compilation, CUDA graphs), and while it runs such a side
+    builds up to ``ahead`` batches, which the next ``ahead`` steps take without waiting; the last ``ahead`` steps
+    generate nothing more. Both flatter the rate, so steps ``ahead + 2 … N − ahead`` are measured."""
+    measured_steps = steps[1 + ahead : len(steps) - ahead]
     if not measured_steps:
         raise ValueError(
-            f"need at least {3 if generates_ahead else 2} steps: step 1 is warm-up"
-            + (" and the last generates nothing ahead" if generates_ahead else "")
+            f"need at least {2 * ahead + 2} steps: step 1 is warm-up"
+            + (
+                f", the next {ahead} take the batches generated during it, the last {ahead} generate none ahead"
+                if ahead
+                else ""
+            )
         )
     tokens = sum(s["tokens"] for s in measured_steps)
     seconds = sum(s["seconds"] for s in measured_steps)
@@ -393,10 +401,10 @@ def mean_phases(steps: list[dict[str, Any]]) -> dict[str, float]:
     return {p: round(sum(s["breakdown_s"][p] for s in steps) / len(steps), 3) for p in phases}
 
 
-def measured(result: dict[str, Any], steps: int, *, generates_ahead: bool = False) -> dict[str, Any]:
+def measured(result: dict[str, Any], steps: int, *, ahead: int = 0) -> dict[str, Any]:
     """Add the summary when every step was recorded, even if the process failed afterwards (e.g. at teardown)."""
     if len(result["steps"]) == steps:
-        result.update(summarise(result["steps"], generates_ahead=generates_ahead))
+        result.update(summarise(result["steps"], ahead=ahead))
     elif "error" not in result:
         result["error"] = f"{len(result['steps'])} of {steps} steps recorded"
     return result
@@ -598,7 +606,9 @@ def run_kuberl(
     metrics_path = run_dir / "metrics.jsonl"
     lines = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
     result["steps"] = kuberl_steps(lines, overlap=overlap)
-    return measured(result, args.steps, generates_ahead=overlap)
+    from kuberl.api.validation import parse_spec
+
+    return measured(result, args.steps, ahead=parse_spec(spec["spec"]).rollout.staleness_limit)
 
 
 def print_side(name: str, result: dict[str, Any], out: str) -> None:

@@ -356,7 +356,7 @@ def run_verl(
     records = file_records(metrics_file) or console_records(Path(result["stdout_log"]).read_text(errors="replace"))
     result["metrics_source"] = "file" if metrics_file.exists() else "console"
     result["steps"] = verl_steps(records)
-    return measured(result, args.steps, generates_ahead=overlap)
+    return measured(result, args.steps, ahead=int(overlap))  # verl's overlapped rows run one step off
 
 
 # --- driver ------------------------------------------------------------------------------------------------------

@@ -119,11 +119,15 @@ def _steps(seconds: list[float]) -> list[dict[str, Any]]:
     ]
 
 
-def test_tokens_per_second_leave_out_the_warm_up_and_an_overlapped_runs_last_step() -> None:
+def test_tokens_per_second_leave_out_the_warm_up_and_the_steps_a_backlog_or_the_end_flatters() -> None:
     assert summarise(_steps([10, 2, 2, 1]))["tokens_per_s"] == round(3000 / 5, 1)
-    ahead = summarise(_steps([10, 2, 2, 1]), generates_ahead=True)
-    assert ahead["measured_steps"] == [2, 3] and ahead["tokens_per_s"] == 500.0
-    assert ahead["phases_s"] == {"update": 1.0}
+    one_step_off = summarise(_steps([10, 1, 2, 2, 1]), ahead=1)
+    assert one_step_off["measured_steps"] == [3, 4] and one_step_off["tokens_per_s"] == 500.0
+    assert one_step_off["phases_s"] == {"update": 1.0}
+    k2 = summarise(_steps([10, 1, 1, 2, 4, 1, 1]), ahead=2)
+    assert k2["measured_steps"] == [4, 5] and k2["tokens_per_s"] == round(2000 / 6, 1)
+    with pytest.raises(ValueError, match="need at least 6 steps"):
+        summarise(_steps([10, 1, 1, 1, 1]), ahead=2)
 
 
 def test_a_side_that_recorded_too_few_steps_says_so() -> None:
