@@ -115,3 +115,22 @@ def test_a_stop_in_the_middle_of_async_training_resumes_without_training_a_step_
     # off-policy rows are weighed by the rollout correction: the engines' log-probs differ from the trainer's
     stale_steps = [r for r in steps if r["rollout/staleness/max"] > 0]
     assert stale_steps and all(r["mismatch/rollout_is_max"] > 1.0 + 1e-3 for r in stale_steps)
+
+
+@pytest.mark.timeout(600)
+def test_partial_rollouts_continue_the_responses_a_weight_update_stopped(tmp_path, local_ray):
+    """Responses up to 192 tokens of the random tiny policy (it rarely samples eos) make the engines the slower side,
+    so every weight update finds generations in flight: they stop, and what they sampled is continued with the new
+    weights. Every step is still trained once, no prompt twice, no row older than k."""
+    doc = spec(tmp_path / "ckpt", staleness=1, response_length=192, partial=True)
+    recorder = Recorder()
+    assert train(doc, tmp_path / "run", recorder) == 0
+    steps = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    assert sorted(recorder.staleness) == list(range(1, STEPS + 1))
+    assert all(0 <= s <= 1 for staleness in recorder.staleness.values() for s in staleness)
+    prompts = [p for step in sorted(recorder.prompts) for p in recorder.prompts[step]]
+    assert len(prompts) == len(set(prompts)) == STEPS * BATCH
+    interrupted = [r["rollout/interrupted_samples"] for r in steps]
+    assert sum(interrupted) > 0, interrupted
+    assert all(0 <= n <= BATCH * 2 for n in interrupted)
