@@ -27,9 +27,9 @@ def test_the_runs_that_died_on_an_h100_are_refused_with_the_plan(separate: bool,
     expected = plan_memory(parse_spec(doc["spec"]), config_shape(LLAMA_11B_SHAPE.model_dump()), gpu_named("H100-80GB"))
     assert issue.rule == PLAN_FITS_RULE and issue.message == does_not_fit("", expected)
     assert issue.message.startswith("RLJob does not fit one H100-80GB (") and "of 79.7 GiB at its peak" in issue.message
-    assert "batch.dynamicBatchSize.maxTokenLenPerGPU: 19456 fits" in issue.message
+    assert "batch.dynamicBatchSize.maxTokenLenPerGPU: 31744 fits" in issue.message
     assert "model.gradientCheckpointing: true saves" in issue.message
-    assert "largest token budget that fits: 19456" in issue.message
+    assert "largest token budget that fits: 31744" in issue.message
 
 
 @pytest.mark.parametrize("separate", [False, True], ids=["colocated", "one-step-off"])
@@ -104,7 +104,7 @@ def test_kuberl_validate_refuses_it_with_the_plan(tmp_path: Path, capsys: pytest
     out = capsys.readouterr().out
     assert "RLJob oom is invalid (1 issue)" in out
     assert "spec: RLJob does not fit one H100-80GB" in out and f"[{PLAN_FITS_RULE}]" in out
-    assert "phase: train" in out and "maxTokenLenPerGPU: 19456 fits" in out
+    assert "phase: train" in out and "maxTokenLenPerGPU: 31744 fits" in out
     assert main(["validate", str(_write(tmp_path, fitting_rljob("fits", separate=True)))]) == 0
 
 

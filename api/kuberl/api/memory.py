@@ -9,8 +9,8 @@ Everything that shares a trainer GPU is counted, as the device reports it (NVML,
   per parameter ÷ GPUs; `paramOffload` / `optimizerOffload` move them to the CPU), the reference and critic copies,
   the gathered layers, one micro-batch's activations (the tensors a layer keeps for its backward, ×
   `ACTIVATION_FACTOR`, and an eager layer's float32 norm tensors), the output head's chunk of float32 logits, and the caching
-  allocator's reserve: blocks freed by micro-batches of other sizes that it keeps (`ALLOCATOR_RESERVE` × the
-  activations and the head's chunk);
+  allocator's reserve: blocks freed by micro-batches of other sizes that it keeps (`allocator_reserve` × the
+  activations and the head's chunk: large with a fixed number of rows per micro-batch, small with a token budget);
 - sync, colocated: the trainer's state, the engine's weights woken in the compute dtype and the bucket being sent
   (gathered, then flattened: two copies); the trainer empties its cache before the engine wakes, so no reserve;
 - generate, colocated: the trainer's state + vLLM's `gpuMemoryUtilization` × the card (its weights, activations and
@@ -57,9 +57,15 @@ HEAD_CHUNK_COPIES = {True: 1.65, False: 4.15}
 """The head's peak in float32 chunks of logits: 3.8 GiB compiled and 2.4 GiB eager at Qwen2's 152k vocabulary
 (tests/gpu/test_packed_passes.py on the H200)."""
 ALLOCATOR_RESERVE = 1.15
-"""Reserved but free ÷ (activations + head): the caching allocator keeps blocks freed by micro-batches of other
-lengths. H200, llama 1.1B one step off: 66.4 GiB reserved for 42.4 GiB allocated, over 21.0 GiB of planned
-activations."""
+"""Reserved but free ÷ (activations + head) with a fixed number of rows per micro-batch (ppoMicroBatchSizePerGPU):
+the caching allocator keeps blocks freed by micro-batches of other lengths. H200, llama 1.1B one step off: 66.4 GiB
+reserved for 42.4 GiB allocated, over 21.0 GiB of planned activations (1.10 of activations + head)."""
+TOKEN_BUDGET_RESERVE = 0.36
+"""The same ratio when micro-batches are cut to a token budget (dynamicBatchSize: every micro-batch about the same
+size, so freed blocks mostly fit the next): the largest the SmolLM2 benchmark rows reserved (NVML peaks,
+tests/bench/test_plan_measured.py): 0.35 with the engine colocated (H100); 0.08–0.14 with it in its own process
+(H100 one step off; H200 one step off and async), which this leaves 12% over. No larger model has been measured with
+a token budget, so the one constant stays at the largest seen."""
 CPU_TOKEN_BUDGET = 16384
 """The token budget where no GPU memory bounds it (CPU runs) or the GPU is unknown (maxTokenLenPerGPU's default
 before it was planned)."""
@@ -366,8 +372,19 @@ class _Update:
     allocated: float
 
 
+def allocator_reserve(spec: RLJobSpec) -> float:
+    """Reserved but free ÷ (activations + head) for ``spec``'s micro-batching."""
+    return TOKEN_BUDGET_RESERVE if spec.batch.dynamic_batch_size.enabled else ALLOCATOR_RESERVE
+
+
 def _update(
-    spec: RLJobSpec, shape: ModelShape, roles: list[Role], tokens: int, rows: int, checkpointing: bool
+    spec: RLJobSpec,
+    shape: ModelShape,
+    roles: list[Role],
+    tokens: int,
+    rows: int,
+    checkpointing: bool,
+    reserve: float,
 ) -> _Update:
     dtype_bytes = DTYPE_BYTES[spec.model.dtype]
     compiled = spec.model.compile
@@ -381,7 +398,7 @@ def _update(
     state = actor.params + actor.grads + max(actor.optimizer, actor.optimizer_step)
     others = sum(r.resident for r in roles[1:])
     allocated = state + others + activations + head + gathered
-    return _Update(activations, head, gathered, ALLOCATOR_RESERVE * (activations + head), allocated)
+    return _Update(activations, head, gathered, reserve * (activations + head), allocated)
 
 
 def _layout(spec: RLJobSpec, layout: Layout | None) -> Layout:
@@ -410,6 +427,7 @@ def plan_memory(
     kind = _layout(spec, layout)
     rollout_gpu = rollout_gpu or gpu
     checkpointing = spec.model.gradient_checkpointing
+    reserve = allocator_reserve(spec)
 
     tp = spec.rollout.tensor_parallel_size
     engine_gpu = gpu if kind in ("colocated", "shared") else rollout_gpu
@@ -440,11 +458,11 @@ def plan_memory(
 
     def update_at(tokens: int) -> _Update:
         rows = max(1, tokens // seq) if dynamic.enabled else tokens // seq
-        return _update(spec, shape, roles, tokens, rows, checkpointing)
+        return _update(spec, shape, roles, tokens, rows, checkpointing, reserve)
 
     def fits_at(tokens: int, with_checkpointing: bool = checkpointing, share: float = 1.0) -> bool:
         rows = max(1, tokens // seq) if dynamic.enabled else tokens // seq
-        update = _update(spec, shape, roles, tokens, rows, with_checkpointing)
+        update = _update(spec, shape, roles, tokens, rows, with_checkpointing, reserve)
         return max(phases(update).values()) <= share * gpu.total_gib
 
     rows_per_gpu = batches.rows_per_gpu_per_mini_batch
@@ -482,8 +500,8 @@ def plan_memory(
         gradient_checkpointing=checkpointing,
         process_gib=process,
         activations_gib=update.activations,
-        activations_with_checkpointing_gib=_update(spec, shape, roles, tokens, 1, True).activations,
-        activations_without_checkpointing_gib=_update(spec, shape, roles, tokens, 1, False).activations,
+        activations_with_checkpointing_gib=_update(spec, shape, roles, tokens, 1, True, reserve).activations,
+        activations_without_checkpointing_gib=_update(spec, shape, roles, tokens, 1, False, reserve).activations,
         gathered_layers_gib=update.gathered,
         head_gib=update.head,
         allocator_reserve_gib=update.reserve,
@@ -545,7 +563,7 @@ def _advice(spec: RLJobSpec, plan: MemoryPlan, seq: int, fits_at: Callable[..., 
         advice.append(f"batch.ppoMicroBatchSizePerGPU: {plan.largest_micro_batch} fits")
     if train_over and not plan.gradient_checkpointing:
         saved = (plan.activations_without_checkpointing_gib - plan.activations_with_checkpointing_gib) * (
-            1 + ALLOCATOR_RESERVE
+            1 + allocator_reserve(spec)
         )
         works = fits_at(plan.token_budget or seq, True)
         advice.append(f"model.gradientCheckpointing: true saves {saved:.1f} GiB" + (" and fits" if works else ""))
