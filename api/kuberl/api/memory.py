@@ -378,13 +378,7 @@ def allocator_reserve(spec: RLJobSpec) -> float:
 
 
 def _update(
-    spec: RLJobSpec,
-    shape: ModelShape,
-    roles: list[Role],
-    tokens: int,
-    rows: int,
-    checkpointing: bool,
-    reserve: float,
+    spec: RLJobSpec, shape: ModelShape, roles: list[Role], tokens: int, rows: int, checkpointing: bool
 ) -> _Update:
     dtype_bytes = DTYPE_BYTES[spec.model.dtype]
     compiled = spec.model.compile
@@ -398,7 +392,7 @@ def _update(
     state = actor.params + actor.grads + max(actor.optimizer, actor.optimizer_step)
     others = sum(r.resident for r in roles[1:])
     allocated = state + others + activations + head + gathered
-    return _Update(activations, head, gathered, reserve * (activations + head), allocated)
+    return _Update(activations, head, gathered, allocator_reserve(spec) * (activations + head), allocated)
 
 
 def _layout(spec: RLJobSpec, layout: Layout | None) -> Layout:
@@ -427,7 +421,6 @@ def plan_memory(
     kind = _layout(spec, layout)
     rollout_gpu = rollout_gpu or gpu
     checkpointing = spec.model.gradient_checkpointing
-    reserve = allocator_reserve(spec)
 
     tp = spec.rollout.tensor_parallel_size
     engine_gpu = gpu if kind in ("colocated", "shared") else rollout_gpu
@@ -458,11 +451,11 @@ def plan_memory(
 
     def update_at(tokens: int) -> _Update:
         rows = max(1, tokens // seq) if dynamic.enabled else tokens // seq
-        return _update(spec, shape, roles, tokens, rows, checkpointing, reserve)
+        return _update(spec, shape, roles, tokens, rows, checkpointing)
 
     def fits_at(tokens: int, with_checkpointing: bool = checkpointing, share: float = 1.0) -> bool:
         rows = max(1, tokens // seq) if dynamic.enabled else tokens // seq
-        update = _update(spec, shape, roles, tokens, rows, with_checkpointing, reserve)
+        update = _update(spec, shape, roles, tokens, rows, with_checkpointing)
         return max(phases(update).values()) <= share * gpu.total_gib
 
     rows_per_gpu = batches.rows_per_gpu_per_mini_batch
@@ -500,8 +493,8 @@ def plan_memory(
         gradient_checkpointing=checkpointing,
         process_gib=process,
         activations_gib=update.activations,
-        activations_with_checkpointing_gib=_update(spec, shape, roles, tokens, 1, True, reserve).activations,
-        activations_without_checkpointing_gib=_update(spec, shape, roles, tokens, 1, False, reserve).activations,
+        activations_with_checkpointing_gib=_update(spec, shape, roles, tokens, 1, True).activations,
+        activations_without_checkpointing_gib=_update(spec, shape, roles, tokens, 1, False).activations,
         gathered_layers_gib=update.gathered,
         head_gib=update.head,
         allocator_reserve_gib=update.reserve,
