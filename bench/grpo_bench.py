@@ -79,7 +79,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         choices=list(OVERLAP_ROWS),
         default="off",
         help="synchronous rows (off), the one-step-off rows (on: generation beside training), both, the "
-        "asynchronous rows at maxStaleness 1 and 2 beside the one-step-off one (async), or every row (all)",
+        "asynchronous rows at maxStaleness 1 and 2 and 2 with partial rollouts beside the one-step-off one (async; "
+        "async-k2 without k = 1), or every row (all)",
     )
     parser.add_argument("--timeout", type=float, default=300, help="seconds per side before it is killed")
     parser.add_argument("--work-dir", help="specs, data, logs (default: a new temporary folder)")
@@ -452,6 +453,7 @@ OVERLAP_ROWS: dict[str, list[str]] = {
     "on": ["kuberl_overlap"],
     "both": ["kuberl", "kuberl_overlap"],
     "async": ["kuberl_overlap", "kuberl_async_k1", "kuberl_async_k2", "kuberl_async_k2_partial"],
+    "async-k2": ["kuberl_overlap", "kuberl_async_k2", "kuberl_async_k2_partial"],
     "all": list(KUBERL_SIDES),
 }
 """``--overlap``: the kuberl sides it runs."""
