@@ -100,10 +100,11 @@ def token_budget(value: str) -> int | str | None:
 
 
 def check_steps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if args.steps < (3 if args.overlap != "off" else 2):
+    ahead = max(batches_ahead(side) for side in OVERLAP_ROWS[args.overlap])
+    if args.steps < 2 * ahead + 2:
         parser.error(
-            "--steps must be at least 2 (3 with --overlap): step 1 is warm-up, an overlapped run's last step "
-            "generates nothing ahead; neither is measured"
+            f"--steps must be at least {2 * ahead + 2} with --overlap {args.overlap}: step 1 is warm-up, and a row "
+            f"that generates {ahead} batch(es) ahead is measured over steps {ahead + 2} … N − {ahead} (summarise)"
         )
     total = args.prompts * args.group
     args.micro_batch = min(args.micro_batch, total)
@@ -448,6 +449,15 @@ KUBERL_SIDES: dict[str, dict[str, Any]] = {
 }
 """kuberl's rows by side name: what each sets in ``rollout`` besides the synchronous job (an overlapped row also
 runs its engine separate, with the rollout correction)."""
+
+
+def batches_ahead(side: str) -> int:
+    """How many batches ``side`` generates ahead of the step that trains: its rollout's staleness limit."""
+    from kuberl.api.spec import Rollout
+
+    return Rollout.model_validate({"placement": "separate", **KUBERL_SIDES[side]}).staleness_limit
+
+
 OVERLAP_ROWS: dict[str, list[str]] = {
     "off": ["kuberl"],
     "on": ["kuberl_overlap"],
@@ -608,9 +618,7 @@ def run_kuberl(
     metrics_path = run_dir / "metrics.jsonl"
     lines = [json.loads(line) for line in metrics_path.read_text().splitlines()] if metrics_path.exists() else []
     result["steps"] = kuberl_steps(lines, overlap=overlap)
-    from kuberl.api.validation import parse_spec
-
-    return measured(result, args.steps, ahead=parse_spec(spec["spec"]).rollout.staleness_limit)
+    return measured(result, args.steps, ahead=batches_ahead(side))
 
 
 def print_side(name: str, result: dict[str, Any], out: str) -> None:

@@ -53,6 +53,7 @@ from bench.grpo_bench import (
     KUBERL_PHASES,
     OFFLINE_ENV,
     add_job_arguments,
+    batches_ahead,
     check_steps,
     gpu_name,
     job_settings,
@@ -356,7 +357,8 @@ def run_verl(
     records = file_records(metrics_file) or console_records(Path(result["stdout_log"]).read_text(errors="replace"))
     result["metrics_source"] = "file" if metrics_file.exists() else "console"
     result["steps"] = verl_steps(records)
-    return measured(result, args.steps, ahead=int(overlap))  # verl's overlapped rows run one step off
+    # verl's overlapped row (colocate_async) generates one batch ahead, as kuberl's one-step-off row
+    return measured(result, args.steps, ahead=batches_ahead("kuberl_overlap" if overlap else "kuberl"))
 
 
 # --- driver ------------------------------------------------------------------------------------------------------

@@ -192,3 +192,16 @@ def test_results_of_another_card_are_not_merged(tmp_path: Path) -> None:
     path.write_text(json.dumps({"benchmark": "b", "model": "smollm2", "device": "NVIDIA H200", "kuberl": {}}))
     with pytest.raises(SystemExit, match="its device is 'NVIDIA H200'"):
         merge_sides({"benchmark": "b", "model": "smollm2", "device": "NVIDIA H100 80GB HBM3"}, str(path), ("kuberl",))
+
+
+@pytest.mark.parametrize(
+    ("overlap", "fewest"), [("off", 2), ("on", 4), ("both", 4), ("async", 6), ("async-k2", 6), ("all", 6)]
+)
+def test_the_fewest_steps_leave_one_measured_step_for_every_row(overlap: str, fewest: int) -> None:
+    from bench.grpo_bench import add_job_arguments, check_steps
+
+    parser = argparse.ArgumentParser()
+    add_job_arguments(parser)
+    check_steps(parser, parser.parse_args(["--overlap", overlap, "--steps", str(fewest)]))
+    with pytest.raises(SystemExit):
+        check_steps(parser, parser.parse_args(["--overlap", overlap, "--steps", str(fewest - 1)]))
