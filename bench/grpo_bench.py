@@ -651,6 +651,16 @@ def merge_sides(result: dict[str, Any], earlier_file: str | None, sides: tuple[s
     }
 
 
+def print_ratios(result: dict[str, Any], sides: tuple[str, ...], baseline: str, label: str) -> None:
+    """Each of ``sides`` that ran against ``baseline``'s tokens/s of the same result (``ratio_<side>_vs_<label>``)."""
+    theirs = result.get(baseline, {}).get("tokens_per_s")
+    for side in sides:
+        ours = result.get(side, {}).get("tokens_per_s")
+        if ours and theirs:
+            result[f"ratio_{side}_vs_{label}"] = round(ours / theirs, 3)
+            print(f"{side} ÷ {baseline} tokens/s: {ours / theirs:.2f} ({ours:.0f} ÷ {theirs:.0f})")
+
+
 def write_result(result: dict[str, Any], out: str) -> None:
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -54,6 +54,7 @@ from bench.grpo_bench import (
     measured,
     merge_sides,
     model_folder_of,
+    print_ratios,
     print_side,
     result_header,
     run_kuberl,
@@ -374,12 +375,7 @@ def main() -> int:
 
 def print_async_ratios(result: dict[str, Any]) -> None:
     """The asynchronous rows against the one-step-off row of the same run (``ratio_<side>_vs_overlap``)."""
-    one_step_off = result.get("kuberl_overlap", {}).get("tokens_per_s")
-    for side in (s for s in KUBERL_SIDES if s.startswith("kuberl_async")):
-        ours = result.get(side, {}).get("tokens_per_s")
-        if ours and one_step_off:
-            result[f"ratio_{side}_vs_overlap"] = ratio = round(ours / one_step_off, 3)
-            print(f"{side} ÷ kuberl_overlap tokens/s: {ratio:.2f} ({ours:.0f} vs {one_step_off:.0f} tok/s)")
+    print_ratios(result, tuple(s for s in KUBERL_SIDES if s.startswith("kuberl_async")), "kuberl_overlap", "overlap")
 
 
 if __name__ == "__main__":

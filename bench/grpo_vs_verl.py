@@ -31,6 +31,9 @@ prompt + response tokens, as kuberl counts), seconds (``timing_s/step``) and the
 (:data:`VERL_PHASES`). Usage (GPU machine; ``tests/gpu/device_run.sh install install-verl bench-verl``)::
 
     python bench/grpo_vs_verl.py --model smollm2 --steps 4 --overlap both --out bench/results/grpo_vs_verl.json
+
+``--overlap async --steps 6`` (or more) runs the overlapped pair and kuberl's asynchronous rows at ``maxStaleness`` 1
+and 2, each printed against verl's overlapped row.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from bench.grpo_bench import (
     measured,
     merge_sides,
     model_folder_of,
+    print_ratios,
     print_side,
     result_header,
     run_kuberl,
@@ -133,9 +137,13 @@ SHARED = (
     "trainer.total_training_steps",
 )
 """The verl keys whose values come from the RLJob (kuberl.api.verl's table); every one exists in verl 0.9.1."""
-SIDES = ("kuberl", "verl", "kuberl_overlap", "verl_overlap")
-VERL_ROWS = {"off": [False], "on": [True], "both": [False, True]}
-"""``--overlap``: the rows it runs, overlapped or not (verl's asynchronous trainer is not compared here)."""
+ASYNC_SIDES = ("kuberl_async_k1", "kuberl_async_k2")
+"""With ``--overlap async``: kuberl's asynchronous rows (``maxStaleness`` 1 and 2), each against verl's overlapped
+row, its best on one card."""
+SIDES = ("kuberl", "verl", "kuberl_overlap", "verl_overlap", *ASYNC_SIDES)
+VERL_ROWS = {"off": [False], "on": [True], "both": [False, True], "async": [True]}
+"""``--overlap``: the rows it runs, overlapped or not (``async``: the overlapped pair and :data:`ASYNC_SIDES`;
+verl's own fully-async trainer needs rollout GPUs of its own and is not compared here)."""
 VERL_MODES = {False: "sync", True: "colocate_async"}
 """trainer.v1.trainer_mode of the synchronous and the overlapped row."""
 VERL_PHASES = {phase: keys for phase, keys in KUBERL_PHASES.items() if phase != "idle"}
@@ -375,6 +383,16 @@ def kuberl_budget(args: argparse.Namespace, doc: dict[str, Any], card: str | Non
     return int(plan.get("token_budget") or CPU_TOKEN_BUDGET)
 
 
+def print_async_ratios(result: dict[str, Any]) -> None:
+    """Each asynchronous kuberl row against verl's overlapped row of the same run (``ratio_<side>_vs_verl_overlap``),
+    and its phases."""
+    print_ratios(result, ASYNC_SIDES, "verl_overlap", "verl_overlap")
+    for side in ASYNC_SIDES:
+        phases = result.get(side, {}).get("phases_s")
+        if phases:
+            print(f"{side} seconds per step: " + " ".join(f"{k} {v:.2f}" for k, v in phases.items()))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_job_arguments(parser)
@@ -408,7 +426,7 @@ def main() -> int:
     if args.max_tokens == "0":
         parser.error("--max-tokens 0: verl's side is compared at its token budget; give one, or auto")
     if args.overlap not in VERL_ROWS:
-        parser.error(f"--overlap {args.overlap}: this benchmark has the rows {', '.join(VERL_ROWS)} (no async row)")
+        parser.error(f"--overlap {args.overlap}: this benchmark has the rows {', '.join(VERL_ROWS)}")
 
     import torch
 
@@ -442,7 +460,13 @@ def main() -> int:
                 print(f"verl{suffix}: verl accepts the configuration ({result[f'verl{suffix}']['trainer_mode']})")
             else:
                 print_side(f"verl{suffix}", result[f"verl{suffix}"], args.out)
+    if args.overlap == "async" and args.only != "verl" and not args.verl_check_only:
+        for side in ASYNC_SIDES:
+            print(f"running {side} ...", flush=True)
+            result[side] = run_kuberl(args, folder, data["file"], work, gpu, card, side)
+            print_side(side, result[side], args.out)
     merge_sides(result, args.merge_with, SIDES)
+    print_async_ratios(result)
     for suffix in ("", "_overlap"):
         ours, theirs = (result.get(f"{s}{suffix}", {}).get("tokens_per_s") for s in ("kuberl", "verl"))
         if ours and theirs:

@@ -301,3 +301,17 @@ def test_verl_runs_on_its_own_sites_without_kuberl(monkeypatch: pytest.MonkeyPat
     assert env["PYTHONPATH"] == "/root/verl-site"
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env  # verl's engines run their core in a process of their own
     assert env["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "m.jsonl") and env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_the_async_rows_are_compared_with_verls_overlapped_row() -> None:
+    from bench.grpo_vs_verl import VERL_ROWS, print_async_ratios
+
+    result = {
+        "verl_overlap": {"tokens_per_s": 1000.0},
+        "kuberl_async_k1": {"tokens_per_s": 900.0},
+        "kuberl_async_k2": {"tokens_per_s": 1250.0, "phases_s": {"update": 0.5}},
+    }
+    print_async_ratios(result)
+    assert result["ratio_kuberl_async_k1_vs_verl_overlap"] == 0.9
+    assert result["ratio_kuberl_async_k2_vs_verl_overlap"] == 1.25
+    assert VERL_ROWS["async"] == [True]  # verl's side of the async rows is its overlapped row
