@@ -384,13 +384,8 @@ def kuberl_budget(args: argparse.Namespace, doc: dict[str, Any], card: str | Non
 
 
 def print_async_ratios(result: dict[str, Any]) -> None:
-    """Each asynchronous kuberl row against verl's overlapped row of the same run (``ratio_<side>_vs_verl_overlap``),
-    and its phases."""
+    """Each asynchronous kuberl row against verl's overlapped row of the same run (``ratio_<side>_vs_verl_overlap``)."""
     print_ratios(result, ASYNC_SIDES, "verl_overlap", "verl_overlap")
-    for side in ASYNC_SIDES:
-        phases = result.get(side, {}).get("phases_s")
-        if phases:
-            print(f"{side} seconds per step: " + " ".join(f"{k} {v:.2f}" for k, v in phases.items()))
 
 
 def main() -> int:
@@ -472,11 +467,11 @@ def main() -> int:
         if ours and theirs:
             result[f"ratio{suffix}"] = round(ours / theirs, 3)
             print(f"kuberl{suffix} ÷ verl{suffix} tokens/s: {ours / theirs:.2f} ({ours:.0f} ÷ {theirs:.0f})")
-        for side in (f"kuberl{suffix}", f"verl{suffix}"):
-            phases = result.get(side, {}).get("phases_s")
-            if phases:
-                print(f"{side} seconds per step: " + " ".join(f"{k} {v:.2f}" for k, v in phases.items()))
     sides = [side for side in SIDES if side in result]
+    for side in sides:
+        phases = result[side].get("phases_s")
+        if phases:
+            print(f"{side} seconds per step: " + " ".join(f"{k} {v:.2f}" for k, v in phases.items()))
     write_result(result, args.out)
     return 0 if all("error" not in result[side] for side in sides) else 1
 

@@ -8,9 +8,9 @@
 # transformers from /root/verl-tf59 before it), env (only set up the environment), lite (no bundle: the carried
 # .device/lite wheels, for bench-mfu and the tests not marked vllm), tests (tests/gpu, one process per module or
 # TEST_FILES' node ids, TEST_TIMEOUT s each), bench-sync, bench-rollout, bench-mfu (MFU_ARGS), bench-trl (TRL_ARGS),
-# verl-check (compose and validate verl's configuration of the rows, seconds), bench-verl (VERL_ARGS), grpo (GRPO_SPECS, tests/gpu/*.yaml), agent
-# (tests/gpu/smollm2-agent-vllm.yaml), plan (bench/plan_accuracy.py on the kuberl side of the last bench-trl, whose
-# TRL_ARGS must include --work-dir "$BENCH_DIR"). The 1.1B benchmark: TRL_ARGS="--model shape:llama-1.1b --work-dir
+# verl-check (compose and validate verl's configuration of the rows, seconds), bench-verl (VERL_ARGS), grpo
+# (GRPO_SPECS, tests/gpu/*.yaml), agent (tests/gpu/smollm2-agent-vllm.yaml), plan (bench/plan_accuracy.py on the
+# kuberl side of the last bench-trl, whose TRL_ARGS must include --work-dir "$BENCH_DIR"). The 1.1B benchmark: TRL_ARGS="--model shape:llama-1.1b --work-dir
 # /tmp/bench-1b ..." (the script writes the random-weight model). .device/PLAN.md (in the integrator's checkout) has
 # the staging calls and each call's carry list.
 # Logs and JSON go to $OUT (the device tool brings back at most 8 files); the benchmarks' JSON also stays in
