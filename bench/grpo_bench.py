@@ -181,8 +181,10 @@ def versions(packages: tuple[str, ...]) -> dict[str, str | None]:
 
 def shape_folder(model: str, work: Path) -> str:
     """The HF folder of ``shape:NAME`` under ``work``, written once (seeded random weights: same model every time);
-    written beside it and renamed, so a run killed half-way leaves no folder that looks complete."""
-    from bench.shapes import RANDOM, save_random
+    written beside it and renamed, so a run killed half-way leaves no folder that looks complete. Written by a child
+    process: built in this one, the model's blocks stayed in its CUDA cache (5.3 GiB at llama-1.1b) beside every
+    side's run, on the card and in its NVML peak."""
+    from bench.shapes import RANDOM
 
     name = model.removeprefix(SHAPE_PREFIX)
     if name not in RANDOM:
@@ -191,7 +193,9 @@ def shape_folder(model: str, work: Path) -> str:
     if not folder.exists():
         partial = work / f".model-{name}.partial"
         shutil.rmtree(partial, ignore_errors=True)
-        save_random(name, str(partial), tokenizer="smollm2")
+        subprocess.run(
+            [sys.executable, "-m", "bench.shapes", name, str(partial), "--tokenizer", "smollm2"], check=True, cwd=ROOT
+        )
         partial.rename(folder)
     return str(folder)
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import bench.grpo_vs_trl as grpo_vs_trl
-from bench.grpo_bench import DeviceMemory, kuberl_spec, kuberl_steps, measured, merge_sides, summarise
+from bench.grpo_bench import DeviceMemory, kuberl_spec, kuberl_steps, measured, merge_sides, shape_folder, summarise
 from kuberl.api.validation import parse_spec
 
 
@@ -205,3 +205,23 @@ def test_the_fewest_steps_leave_one_measured_step_for_every_row(overlap: str, fe
     check_steps(parser, parser.parse_args(["--overlap", overlap, "--steps", str(fewest)]))
     with pytest.raises(SystemExit):
         check_steps(parser, parser.parse_args(["--overlap", overlap, "--steps", str(fewest - 1)]))
+
+
+def test_a_shape_is_written_once_by_a_child_process_over_a_half_written_folder(tmp_path: Path) -> None:
+    from transformers import AutoConfig, AutoTokenizer
+
+    (tmp_path / ".model-smollm2-shape.partial").mkdir()
+    (tmp_path / ".model-smollm2-shape.partial" / "config.json").write_text("{")  # a write killed half-way
+    folder = Path(shape_folder("shape:smollm2-shape", tmp_path))
+    assert folder == tmp_path / "model-smollm2-shape" and not (tmp_path / ".model-smollm2-shape.partial").exists()
+    config = AutoConfig.from_pretrained(folder)
+    assert (config.hidden_size, config.num_hidden_layers, config.architectures) == (576, 30, ["LlamaForCausalLM"])
+    assert AutoTokenizer.from_pretrained(folder).eos_token_id == config.eos_token_id
+    written = (folder / "config.json").stat().st_mtime_ns
+    assert shape_folder("shape:smollm2-shape", tmp_path) == str(folder)
+    assert (folder / "config.json").stat().st_mtime_ns == written
+
+
+def test_an_unknown_shape_names_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="no shape 'llama-70b' in bench/shapes.py; known: llama-1.1b, qwen2-0.5b"):
+        shape_folder("shape:llama-70b", tmp_path)
