@@ -49,12 +49,18 @@ NO_MEMORY_PEAK = {
     "sandbox_throughput.json": "sandbox executions on CPUs, no GPU",
     "weight_sync.json": "the weight sync alone, no RLJob",
 }
-OVER_PLANNED = {
+MISPLANNED = {
     "grpo_vs_trl_async_smollm2_h200.json:kuberl_async_k2": "plan 97.1 GiB, measured 86.7 (1.12×)",
     "grpo_vs_trl_async_smollm2_h200.json:kuberl_async_k2_partial": "plan 97.1 GiB, measured 86.9 (1.12×)",
+    "grpo_vs_trl_1b_h100.json:kuberl_overlap": "plan 70.1 GiB, measured 79.6 with 5.3 GiB of the bench's own "
+    "process (before it wrote the shape in a child): 73.9 the run's own (0.95×); its trainer reserved 0.59 of "
+    "activations + head beyond its allocations, TOKEN_BUDGET_RESERVE is 0.36",
 }
-"""Rows the plan puts more than 10% too high, known and open (strict xfail: each turns the test red once mended):
-TOKEN_BUDGET_RESERVE is the largest reserve measured (colocated), and an engine in its own process reserved less."""
+"""Rows the plan puts more than 10% too high or below the peak, known and open (strict xfail: each turns the test red
+once mended). Too high: TOKEN_BUDGET_RESERVE is the largest reserve the SmolLM2 rows measured (colocated), and an
+engine in its own process reserved less. Too low: the first larger model run with a token budget (llama 1.1B, one
+step off, on an H100) reserved more than any SmolLM2 row, so one ratio of activations fits neither both models nor
+both layouts; the card was full at its peak (79.6 of 79.65 GiB), so that run's reserve is a floor."""
 
 
 @dataclass(frozen=True)
@@ -168,8 +174,8 @@ def _plan(row: Measured) -> Any:
 
 def _cases() -> list[Any]:
     return [
-        pytest.param(row, marks=pytest.mark.xfail(reason=OVER_PLANNED[row.source], strict=True))
-        if row.source in OVER_PLANNED
+        pytest.param(row, marks=pytest.mark.xfail(reason=MISPLANNED[row.source], strict=True))
+        if row.source in MISPLANNED
         else row
         for row in measured_rows()
     ]

@@ -64,8 +64,9 @@ TOKEN_BUDGET_RESERVE = 0.36
 """The same ratio when micro-batches are cut to a token budget (dynamicBatchSize: every micro-batch about the same
 size, so freed blocks mostly fit the next): the largest the SmolLM2 benchmark rows reserved (NVML peaks,
 tests/bench/test_plan_measured.py): 0.35 with the engine colocated (H100); 0.08–0.14 with it in its own process
-(H100 one step off; H200 one step off and async), which this leaves 12% over. No larger model has been measured with
-a token budget, so the one constant stays at the largest seen."""
+(H100 one step off; H200 one step off and async), which this leaves 12% over. Too small for a larger model: llama
+1.1B one step off on an H100 reserved at least 0.59 (its card was full), so its plan is 5% under; one ratio of the
+activations fits neither both models nor both layouts (docs/performance.md, "the 1.14B shape runs one step off")."""
 CPU_TOKEN_BUDGET = 16384
 """The token budget where no GPU memory bounds it (CPU runs) or the GPU is unknown (maxTokenLenPerGPU's default
 before it was planned)."""
