@@ -45,6 +45,7 @@ NO_MEMORY_PEAK = {
     "grpo_1b_kuberl.json": "no memory recorded",
     "grpo_1b_overlap.json": "no memory recorded",
     "grpo_smollm2.json": "reward curves, no memory",
+    "grpo_vs_trl_async_smollm2_h100_k1.metrics.jsonl": "one row's trainer metrics, no NVML reading",
     "rollout_vs_vllm.json": "generation alone, no RLJob",
     "sandbox_throughput.json": "sandbox executions on CPUs, no GPU",
     "weight_sync.json": "the weight sync alone, no RLJob",
