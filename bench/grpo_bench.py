@@ -563,6 +563,9 @@ def step_record(metrics: dict[str, Any], phases: dict[str, tuple[str, ...]], sta
         "reward_mean": metrics.get("critic/score/mean"),
         "staleness": metrics.get(staleness),
         "breakdown_s": phase_breakdown(metrics, phases, "timing_s/step"),
+        "trainer_gib": {
+            what: metrics.get(f"perf/max_memory_{what}_gb") for what in ("allocated", "reserved")
+        },  # PyTorch's peaks on the trainer's GPU (GiB): the card's NVML peak less the engine, split
     }
 
 
