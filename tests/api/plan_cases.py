@@ -14,7 +14,7 @@ from typing import Any
 from bench.shapes import LLAMA_11B
 from kuberl.api.contract import GROUP, KIND, VERSION
 from kuberl.api.spec import ConfigShape
-from tests.bench.test_plan_measured import oom_spec
+from tests.bench.test_plan_measured import OOM_CASES, oom_spec
 
 H100_SELECTOR = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 """NVIDIA GPU feature discovery's label of an H100 80GB node."""
@@ -40,6 +40,13 @@ def on_h100(name: str, spec: dict[str, Any], selector: dict[str, str] | None = N
     spec["model"]["shape"] = LLAMA_11B_SHAPE.model_dump(by_alias=True, exclude_none=True)
     spec["cluster"]["trainer"]["nodeSelector"] = dict(H100_SELECTOR if selector is None else selector)
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": {"name": name}, "spec": spec}
+
+
+COLOCATED_OOM_UTILIZATIONS = [utilization for separate, utilization in OOM_CASES if not separate]
+"""The colocated runs of the four: refused on H100 nodes too."""
+ONE_STEP_OFF_OOM_UTILIZATIONS = [utilization for separate, utilization in OOM_CASES if separate]
+"""The one-step-off runs: they died with the engine on the trainer's card, which a cluster's rollout pool does not
+share; on H100 nodes the trainer alone fits its card."""
 
 
 def oom_rljob(name: str, *, separate: bool, utilization: float) -> dict[str, Any]:

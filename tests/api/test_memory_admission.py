@@ -16,20 +16,39 @@ from kuberl.api.memory import config_shape, does_not_fit, gpu_named, plan_memory
 from kuberl.api.memory_admission import PLAN_FITS_RULE, admission_plan
 from kuberl.api.validation import parse_spec
 from kuberl.cli import main
-from tests.api.plan_cases import LLAMA_11B_SHAPE, QWEN2_5_0_5B_SHAPE, fitting_rljob, on_h100, oom_rljob
-from tests.bench.test_plan_measured import OOM_CASES, oom_spec
+from tests.api.plan_cases import (
+    COLOCATED_OOM_UTILIZATIONS,
+    LLAMA_11B_SHAPE,
+    ONE_STEP_OFF_OOM_UTILIZATIONS,
+    QWEN2_5_0_5B_SHAPE,
+    fitting_rljob,
+    on_h100,
+    oom_rljob,
+)
+from tests.bench.test_plan_measured import oom_spec
 
 
-@pytest.mark.parametrize(("separate", "utilization"), OOM_CASES)
-def test_the_runs_that_died_on_an_h100_are_refused_with_the_plan(separate: bool, utilization: float) -> None:
-    doc = oom_rljob("oom", separate=separate, utilization=utilization)
+@pytest.mark.parametrize("utilization", COLOCATED_OOM_UTILIZATIONS)
+def test_the_colocated_runs_that_died_on_an_h100_are_refused_with_the_plan(utilization: float) -> None:
+    doc = oom_rljob("oom", separate=False, utilization=utilization)
     (issue,) = check("oom.yaml", doc).issues
     expected = plan_memory(parse_spec(doc["spec"]), config_shape(LLAMA_11B_SHAPE.model_dump()), gpu_named("H100-80GB"))
     assert issue.rule == PLAN_FITS_RULE and issue.message == does_not_fit("", expected)
     assert issue.message.startswith("RLJob does not fit one H100-80GB (") and "of 79.7 GiB at its peak" in issue.message
-    assert "batch.dynamicBatchSize.maxTokenLenPerGPU: 31744 fits" in issue.message
+    assert "batch.dynamicBatchSize.maxTokenLenPerGPU: 27648 fits" in issue.message
     assert "model.gradientCheckpointing: true saves" in issue.message
-    assert "largest token budget that fits: 31744" in issue.message
+    assert "largest token budget that fits: 27648" in issue.message
+
+
+@pytest.mark.parametrize("utilization", ONE_STEP_OFF_OOM_UTILIZATIONS)
+def test_the_one_step_off_runs_fit_a_cluster_where_the_engine_has_gpus_of_its_own(utilization: float) -> None:
+    """They died with the engine on the trainer's card (tests/bench/test_plan_measured.py refuses them there); on a
+    cluster the rollout pool has GPUs of its own, and the trainer alone at 32,768 tokens fits its card."""
+    doc = oom_rljob("oom", separate=True, utilization=utilization)
+    plan = admission_plan(parse_spec(doc["spec"]))
+    assert plan is not None and plan.layout == "pools" and plan.engine_on_trainer_gpu_gib == 0.0
+    assert plan.fits and plan.peak_gib < plan.gpu_gib and plan.token_budget == 32768
+    assert check("oom.yaml", doc).issues == []
 
 
 @pytest.mark.parametrize("separate", [False, True], ids=["colocated", "one-step-off"])
@@ -100,11 +119,11 @@ def _write(tmp_path: Path, doc: dict[str, Any]) -> Path:
 
 
 def test_kuberl_validate_refuses_it_with_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["validate", str(_write(tmp_path, oom_rljob("oom", separate=True, utilization=0.3)))]) == 1
+    assert main(["validate", str(_write(tmp_path, oom_rljob("oom", separate=False, utilization=0.3)))]) == 1
     out = capsys.readouterr().out
     assert "RLJob oom is invalid (1 issue)" in out
     assert "spec: RLJob does not fit one H100-80GB" in out and f"[{PLAN_FITS_RULE}]" in out
-    assert "phase: train" in out and "maxTokenLenPerGPU: 31744 fits" in out
+    assert "phase: train" in out and "maxTokenLenPerGPU: 27648 fits" in out
     assert main(["validate", str(_write(tmp_path, fitting_rljob("fits", separate=True)))]) == 0
 
 

@@ -10,7 +10,8 @@ Everything that shares a trainer GPU is counted, as the device reports it (NVML,
   the gathered layers, one micro-batch's activations (the tensors a layer keeps for its backward, ×
   `ACTIVATION_FACTOR`, and an eager layer's float32 norm tensors), the output head's chunk of float32 logits, and the caching
   allocator's reserve: blocks freed by micro-batches of other sizes that it keeps (`allocator_reserve` × the
-  activations and the head's chunk: large with a fixed number of rows per micro-batch, small with a token budget);
+  activations and the head's chunk: large with a fixed number of rows per micro-batch, small with a token budget,
+  where the optimizer step's temporaries are reserved on top: the few freed blocks do not hold them);
 - sync, colocated: the trainer's state, the engine's weights woken in the compute dtype and the bucket being sent
   (gathered, then flattened: two copies); the trainer empties its cache before the engine wakes, so no reserve;
 - generate, colocated: the trainer's state + vLLM's `gpuMemoryUtilization` × the card (its weights, activations and
@@ -60,13 +61,16 @@ ALLOCATOR_RESERVE = 1.15
 """Reserved but free ÷ (activations + head) with a fixed number of rows per micro-batch (ppoMicroBatchSizePerGPU):
 the caching allocator keeps blocks freed by micro-batches of other lengths. H200, llama 1.1B one step off: 66.4 GiB
 reserved for 42.4 GiB allocated, over 21.0 GiB of planned activations (1.10 of activations + head)."""
-TOKEN_BUDGET_RESERVE = 0.36
+TOKEN_BUDGET_RESERVE = 0.14
 """The same ratio when micro-batches are cut to a token budget (dynamicBatchSize: every micro-batch about the same
-size, so freed blocks mostly fit the next): the largest the SmolLM2 benchmark rows reserved (NVML peaks,
-tests/bench/test_plan_measured.py): 0.35 with the engine colocated (H100); 0.08–0.14 with it in its own process
-(H100 one step off; H200 one step off and async), which this leaves 12% over. Too small for a larger model: llama
-1.1B one step off on an H100 reserved at least 0.59 (its card was full), so its plan is 5% under; one ratio of the
-activations fits neither both models nor both layouts (docs/performance.md, "the 1.14B shape runs one step off")."""
+size, so freed blocks mostly fit the next) and the engine runs in a process of its own, on top of the optimizer
+step's temporaries (which the few freed blocks do not hold: they are reserved anew). The largest of the benchmark
+rows (NVML peaks less the card's use before the run, tests/bench/test_plan_measured.py): llama 1.1B one step off on
+an H100, 0.14 (0.58 without the optimizer term, where SmolLM2's rows reserved 0.08–0.14: the term is what the larger
+model adds); SmolLM2 one step off and async, 0.05–0.11."""
+COLOCATED_TOKEN_BUDGET_RESERVE = 0.32
+"""The same with the engine in the trainer's process (its weights and KV cache woken and put to sleep between the
+updates): SmolLM2 colocated on an H100, 0.31."""
 CPU_TOKEN_BUDGET = 16384
 """The token budget where no GPU memory bounds it (CPU runs) or the GPU is unknown (maxTokenLenPerGPU's default
 before it was planned)."""
@@ -373,13 +377,21 @@ class _Update:
     allocated: float
 
 
-def allocator_reserve(spec: RLJobSpec) -> float:
-    """Reserved but free ÷ (activations + head) for ``spec``'s micro-batching."""
-    return TOKEN_BUDGET_RESERVE if spec.batch.dynamic_batch_size.enabled else ALLOCATOR_RESERVE
+def allocator_reserve(spec: RLJobSpec, layout: Layout) -> float:
+    """Reserved but free ÷ (activations + head) for ``spec``'s micro-batching on ``layout``."""
+    if not spec.batch.dynamic_batch_size.enabled:
+        return ALLOCATOR_RESERVE
+    return COLOCATED_TOKEN_BUDGET_RESERVE if layout == "colocated" else TOKEN_BUDGET_RESERVE
 
 
 def _update(
-    spec: RLJobSpec, shape: ModelShape, roles: list[Role], tokens: int, rows: int, checkpointing: bool
+    spec: RLJobSpec,
+    shape: ModelShape,
+    roles: list[Role],
+    tokens: int,
+    rows: int,
+    checkpointing: bool,
+    layout: Layout,
 ) -> _Update:
     dtype_bytes = DTYPE_BYTES[spec.model.dtype]
     compiled = spec.model.compile
@@ -393,7 +405,10 @@ def _update(
     state = actor.params + actor.grads + max(actor.optimizer, actor.optimizer_step)
     others = sum(r.resident for r in roles[1:])
     allocated = state + others + activations + head + gathered
-    return _Update(activations, head, gathered, allocator_reserve(spec) * (activations + head), allocated)
+    reserve = allocator_reserve(spec, layout) * (activations + head)
+    if spec.batch.dynamic_batch_size.enabled:  # with a fixed row count, the larger freed blocks hold the temporaries
+        reserve += actor.optimizer_step
+    return _Update(activations, head, gathered, reserve, allocated)
 
 
 def _layout(spec: RLJobSpec, layout: Layout | None) -> Layout:
@@ -452,11 +467,11 @@ def plan_memory(
 
     def update_at(tokens: int) -> _Update:
         rows = max(1, tokens // seq) if dynamic.enabled else tokens // seq
-        return _update(spec, shape, roles, tokens, rows, checkpointing)
+        return _update(spec, shape, roles, tokens, rows, checkpointing, kind)
 
     def fits_at(tokens: int, with_checkpointing: bool = checkpointing, share: float = 1.0) -> bool:
         rows = max(1, tokens // seq) if dynamic.enabled else tokens // seq
-        update = _update(spec, shape, roles, tokens, rows, with_checkpointing)
+        update = _update(spec, shape, roles, tokens, rows, with_checkpointing, kind)
         return max(phases(update).values()) <= share * gpu.total_gib
 
     rows_per_gpu = batches.rows_per_gpu_per_mini_batch
@@ -494,8 +509,8 @@ def plan_memory(
         gradient_checkpointing=checkpointing,
         process_gib=process,
         activations_gib=update.activations,
-        activations_with_checkpointing_gib=_update(spec, shape, roles, tokens, 1, True).activations,
-        activations_without_checkpointing_gib=_update(spec, shape, roles, tokens, 1, False).activations,
+        activations_with_checkpointing_gib=_update(spec, shape, roles, tokens, 1, True, kind).activations,
+        activations_without_checkpointing_gib=_update(spec, shape, roles, tokens, 1, False, kind).activations,
         gathered_layers_gib=update.gathered,
         head_gib=update.head,
         allocator_reserve_gib=update.reserve,
@@ -557,7 +572,7 @@ def _advice(spec: RLJobSpec, plan: MemoryPlan, seq: int, fits_at: Callable[..., 
         advice.append(f"batch.ppoMicroBatchSizePerGPU: {plan.largest_micro_batch} fits")
     if train_over and not plan.gradient_checkpointing:
         saved = (plan.activations_without_checkpointing_gib - plan.activations_with_checkpointing_gib) * (
-            1 + allocator_reserve(spec)
+            1 + allocator_reserve(spec, plan.layout)
         )
         works = fits_at(plan.token_budget or seq, True)
         advice.append(f"model.gradientCheckpointing: true saves {saved:.1f} GiB" + (" and fits" if works else ""))
