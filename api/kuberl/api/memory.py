@@ -406,7 +406,7 @@ def _update(
     others = sum(r.resident for r in roles[1:])
     allocated = state + others + activations + head + gathered
     reserve = allocator_reserve(spec, layout) * (activations + head)
-    if spec.batch.dynamic_batch_size.enabled:  # with a fixed row count, the larger freed blocks hold the temporaries
+    if spec.batch.dynamic_batch_size.enabled:  # a fixed row count's 1.15 x held them in both models measured
         reserve += actor.optimizer_step
     return _Update(activations, head, gathered, reserve, allocated)
 
