@@ -639,21 +639,36 @@ def print_side(name: str, result: dict[str, Any], out: str) -> None:
     print(f"{name}: {summary} ({result['wall_s']} s{memory})", flush=True)
 
 
-def merge_sides(result: dict[str, Any], earlier_file: str | None, sides: tuple[str, ...]) -> None:
-    """Copy into ``result`` the sides of ``earlier_file`` (a result of the same benchmark, model and card) named by
-    ``sides`` that ``result`` lacks."""
-    if not earlier_file:
-        return
-    earlier = json.loads(Path(earlier_file).read_text())
+@dataclass(frozen=True)
+class Earlier:
+    """A result of the same benchmark, model and card that this run completes (``--merge-with``), read before this
+    run writes anything: ``--out`` may name the same file."""
+
+    path: str
+    doc: dict[str, Any]
+
+
+def read_earlier(path: str | None, result: dict[str, Any]) -> Earlier | None:
+    """``path``'s result, checked against this run's header before any side runs."""
+    if not path:
+        return None
+    doc = json.loads(Path(path).read_text())
     for key in ("benchmark", "model", "device"):
-        if earlier.get(key) != result.get(key):
-            raise SystemExit(f"--merge-with {earlier_file}: its {key} is {earlier.get(key)!r}, not {result.get(key)!r}")
-    kept = [side for side in sides if side in earlier and side not in result]
-    result.update({side: earlier[side] for side in kept})
+        if doc.get(key) != result.get(key):
+            raise SystemExit(f"--merge-with {path}: its {key} is {doc.get(key)!r}, not {result.get(key)!r}")
+    return Earlier(path, doc)
+
+
+def merge_sides(result: dict[str, Any], earlier: Earlier | None, sides: tuple[str, ...]) -> None:
+    """Copy into ``result`` the sides of ``earlier`` named by ``sides`` that ``result`` lacks."""
+    if earlier is None:
+        return
+    kept = [side for side in sides if side in earlier.doc and side not in result]
+    result.update({side: earlier.doc[side] for side in kept})
     result["merged"] = {
-        "from": earlier_file,
-        "date": earlier.get("date"),
-        "command": earlier.get("command"),
+        "from": earlier.path,
+        "date": earlier.doc.get("date"),
+        "command": earlier.doc.get("command"),
         "sides": kept,
     }
 
@@ -671,5 +686,7 @@ def print_ratios(result: dict[str, Any], sides: tuple[str, ...], baseline: str, 
 def write_result(result: dict[str, Any], out: str) -> None:
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(result, indent=2) + "\n")
+    partial.replace(path)  # a run killed while writing leaves the last whole file
     print(f"wrote {path}")

@@ -47,6 +47,7 @@ from bench.grpo_bench import (
     KUBERL_SIDES,
     OFFLINE_ENV,
     OVERLAP_ROWS,
+    Earlier,
     add_job_arguments,
     check_steps,
     gpu_name,
@@ -56,6 +57,7 @@ from bench.grpo_bench import (
     model_folder_of,
     print_ratios,
     print_side,
+    read_earlier,
     result_header,
     run_kuberl,
     run_side,
@@ -286,16 +288,24 @@ def fastest(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return max(done, key=lambda r: r["tokens_per_s"]) if done else runs[-1]
 
 
-def merge_trl_sweep(result: dict[str, Any], earlier_file: str | None) -> None:
-    """TRL's runs of ``earlier_file`` beside this run's (this run's win for the same micro-batch); the fastest of
-    all is the side ``trl``."""
-    if not earlier_file:
+def merge_trl_sweep(result: dict[str, Any], earlier: Earlier | None) -> None:
+    """TRL's runs of ``earlier`` beside this run's (this run's win for the same micro-batch); the fastest of all is
+    the side ``trl``."""
+    if earlier is None:
         return
-    runs = {r["micro_batch"]: r for r in json.loads(Path(earlier_file).read_text()).get("trl_sweep", [])}
+    runs = {r["micro_batch"]: r for r in earlier.doc.get("trl_sweep", [])}
     runs.update({r["micro_batch"]: r for r in result.get("trl_sweep", [])})
     if runs:
         result["trl_sweep"] = [runs[m] for m in sorted(runs)]
         result["trl"] = fastest(result["trl_sweep"])
+
+
+def merged(result: dict[str, Any], earlier: Earlier | None) -> dict[str, Any]:
+    """``result`` with the kuberl sides and TRL runs of ``earlier`` it lacks."""
+    whole = dict(result)
+    merge_sides(whole, earlier, tuple(KUBERL_SIDES))
+    merge_trl_sweep(whole, earlier)
+    return whole
 
 
 def main() -> int:
@@ -343,16 +353,17 @@ def main() -> int:
     sides = [*kuberl_sides, "trl"]
     if args.only:
         sides = kuberl_sides if args.only == "kuberl" else ["trl"]
+    earlier = read_earlier(args.merge_with, result)
     for side in sides:
         if side == "trl":
             result["trl"], result["trl_sweep"] = run_trl_sweep(args, folder, data["file"], work, gpu, micro_batches)
-            continue
-        print(f"running {side} ...", flush=True)
-        result[side] = run_kuberl(args, folder, data["file"], work, gpu, card, side)
-        print_side(side, result[side], args.out)
+        else:
+            print(f"running {side} ...", flush=True)
+            result[side] = run_kuberl(args, folder, data["file"], work, gpu, card, side)
+            print_side(side, result[side], args.out)
+        write_result(merged(result, earlier), args.out)  # a run stopped later keeps the sides that finished
 
-    merge_sides(result, args.merge_with, tuple(KUBERL_SIDES))
-    merge_trl_sweep(result, args.merge_with)
+    result = merged(result, earlier)
     for side in kuberl_sides:
         for step in result.get(side, {}).get("steps", []):
             phases = " ".join(f"{k} {v:.2f}" for k, v in step["breakdown_s"].items())

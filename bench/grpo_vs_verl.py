@@ -67,6 +67,7 @@ from bench.grpo_bench import (
     model_folder_of,
     print_ratios,
     print_side,
+    read_earlier,
     result_header,
     run_kuberl,
     run_side,
@@ -440,6 +441,15 @@ def main() -> int:
     )
     settings = job_settings(args, gpu, data)
     result = result_header(BENCHMARK, args, card=card, folder=folder, work=work, settings=settings, packages=PACKAGES)
+    earlier = read_earlier(args.merge_with, result)
+
+    def side_done() -> None:
+        """A run stopped later keeps the sides that finished."""
+        if not args.verl_check_only:
+            whole = dict(result)
+            merge_sides(whole, earlier, SIDES)
+            write_result(whole, args.out)
+
     for overlap in VERL_ROWS[args.overlap]:
         suffix = "_overlap" if overlap else ""
         doc = kuberl_spec(args, folder, data["file"], gpu, f"kuberl{suffix}")
@@ -447,6 +457,7 @@ def main() -> int:
             print(f"running kuberl{suffix} ...", flush=True)
             result[f"kuberl{suffix}"] = run_kuberl(args, folder, data["file"], work, gpu, card, f"kuberl{suffix}")
             print_side(f"kuberl{suffix}", result[f"kuberl{suffix}"], args.out)
+            side_done()
         if args.only != "kuberl":
             print(f"running verl{suffix} ...", flush=True)
             budget = kuberl_budget(args, doc, card)
@@ -455,12 +466,14 @@ def main() -> int:
                 print(f"verl{suffix}: verl accepts the configuration ({result[f'verl{suffix}']['trainer_mode']})")
             else:
                 print_side(f"verl{suffix}", result[f"verl{suffix}"], args.out)
+                side_done()
     if args.overlap == "async" and args.only != "verl" and not args.verl_check_only:
         for side in ASYNC_SIDES:
             print(f"running {side} ...", flush=True)
             result[side] = run_kuberl(args, folder, data["file"], work, gpu, card, side)
             print_side(side, result[side], args.out)
-    merge_sides(result, args.merge_with, SIDES)
+            side_done()
+    merge_sides(result, earlier, SIDES)
     print_async_ratios(result)
     for suffix in ("", "_overlap"):
         ours, theirs = (result.get(f"{s}{suffix}", {}).get("tokens_per_s") for s in ("kuberl", "verl"))

@@ -12,7 +12,16 @@ from typing import Any
 import pytest
 
 import bench.grpo_vs_trl as grpo_vs_trl
-from bench.grpo_bench import DeviceMemory, kuberl_spec, kuberl_steps, measured, merge_sides, shape_folder, summarise
+from bench.grpo_bench import (
+    DeviceMemory,
+    kuberl_spec,
+    kuberl_steps,
+    measured,
+    read_earlier,
+    shape_folder,
+    summarise,
+    write_result,
+)
 from kuberl.api.validation import parse_spec
 
 
@@ -172,7 +181,7 @@ def test_trls_sweep_takes_its_fastest_micro_batch_and_marks_the_one_out_of_memor
 
 
 def test_a_benchmark_split_over_calls_is_merged_into_one_result(tmp_path: Path) -> None:
-    earlier = {
+    earlier_doc = {
         "benchmark": "b",
         "model": "smollm2",
         "device": "NVIDIA H100 80GB HBM3",
@@ -181,21 +190,39 @@ def test_a_benchmark_split_over_calls_is_merged_into_one_result(tmp_path: Path) 
         "trl_sweep": [{"micro_batch": 32, "tokens_per_s": 18000.0}, {"micro_batch": 64, "tokens_per_s": 19000.0}],
     }
     path = tmp_path / "earlier.json"
-    path.write_text(json.dumps(earlier))
+    path.write_text(json.dumps(earlier_doc))
     now: dict[str, Any] = {"benchmark": "b", "model": "smollm2", "device": "NVIDIA H100 80GB HBM3"}
     now["trl_sweep"] = [{"micro_batch": 128, "tokens_per_s": 20226.0}, {"micro_batch": 256, "error": "OOM"}]
-    merge_sides(now, str(path), ("kuberl", "kuberl_overlap"))
-    grpo_vs_trl.merge_trl_sweep(now, str(path))
-    assert now["kuberl"] == {"tokens_per_s": 30000.0} and now["merged"]["sides"] == ["kuberl"]
-    assert [r["micro_batch"] for r in now["trl_sweep"]] == [32, 64, 128, 256]
-    assert now["trl"]["micro_batch"] == 128
+    whole = grpo_vs_trl.merged(now, read_earlier(str(path), now))
+    assert whole["kuberl"] == {"tokens_per_s": 30000.0} and whole["merged"]["sides"] == ["kuberl"]
+    assert [r["micro_batch"] for r in whole["trl_sweep"]] == [32, 64, 128, 256]
+    assert whole["trl"]["micro_batch"] == 128
+    assert "kuberl" not in now, "the run's own result is left as it ran"
+
+
+def test_each_finished_side_is_written_with_the_earlier_sides_also_over_the_file_it_merges(tmp_path: Path) -> None:
+    """``--out`` naming the ``--merge-with`` file (one name per benchmark on the GPU machine): the earlier sides were
+    read before the first write, so each write keeps them, and a run stopped after its first side keeps that one."""
+    path = tmp_path / "kuberl_1b.json"
+    header = {"benchmark": "b", "model": "shape:llama-1.1b", "device": "NVIDIA H100 80GB HBM3"}
+    path.write_text(json.dumps({**header, "kuberl_overlap": {"tokens_per_s": 22261.0}}))
+    result: dict[str, Any] = dict(header)
+    earlier = read_earlier(str(path), result)
+    result["kuberl"] = {"tokens_per_s": 15000.0}
+    write_result(grpo_vs_trl.merged(result, earlier), str(path))
+    written = json.loads(path.read_text())
+    assert written["kuberl"] == {"tokens_per_s": 15000.0} and written["kuberl_overlap"] == {"tokens_per_s": 22261.0}
+    result["kuberl_async_k1"] = {"tokens_per_s": 20000.0}
+    write_result(grpo_vs_trl.merged(result, earlier), str(path))
+    assert set(json.loads(path.read_text())) >= {"kuberl", "kuberl_overlap", "kuberl_async_k1"}
+    assert [p.name for p in tmp_path.iterdir()] == ["kuberl_1b.json"], "no partial file left behind"
 
 
 def test_results_of_another_card_are_not_merged(tmp_path: Path) -> None:
     path = tmp_path / "earlier.json"
     path.write_text(json.dumps({"benchmark": "b", "model": "smollm2", "device": "NVIDIA H200", "kuberl": {}}))
     with pytest.raises(SystemExit, match="its device is 'NVIDIA H200'"):
-        merge_sides({"benchmark": "b", "model": "smollm2", "device": "NVIDIA H100 80GB HBM3"}, str(path), ("kuberl",))
+        read_earlier(str(path), {"benchmark": "b", "model": "smollm2", "device": "NVIDIA H100 80GB HBM3"})
 
 
 @pytest.mark.parametrize(
