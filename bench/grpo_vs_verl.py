@@ -445,10 +445,9 @@ def main() -> int:
 
     def side_done() -> None:
         """A run stopped later keeps the sides that finished."""
-        if not args.verl_check_only:
-            whole = dict(result)
-            merge_sides(whole, earlier, SIDES)
-            write_result(whole, args.out)
+        whole = dict(result)
+        merge_sides(whole, earlier, SIDES)
+        write_result(whole, args.out)
 
     for overlap in VERL_ROWS[args.overlap]:
         suffix = "_overlap" if overlap else ""
