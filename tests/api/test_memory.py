@@ -100,10 +100,12 @@ def test_the_allocator_reserve_is_a_share_of_what_a_micro_batch_frees() -> None:
     assert plan.allocator_reserve_gib == pytest.approx(1.15 * (plan.activations_gib + plan.head_gib))
 
 
-def _separate(share: float = 0.25) -> object:
+def _separate(share: float = 0.25, trainer_gpus: int | None = None) -> object:
     doc = copy.deepcopy(BASE["spec"])
     doc["rollout"] = {"placement": "separate", "gpuMemoryUtilization": share}
     doc["cluster"]["rollout"] = {"nodes": 1, "gpusPerNode": 8}
+    if trainer_gpus is not None:
+        doc["cluster"]["trainer"] = {"nodes": 1, "gpusPerNode": trainer_gpus}
     return parse_spec(doc)
 
 
@@ -116,6 +118,15 @@ def test_an_engine_on_the_trainers_gpu_is_counted_in_every_phase() -> None:
         assert shared.phases_gib[phase] == pytest.approx(own.phases_gib[phase] + engine)
     assert own.rollout_gpu_gib == pytest.approx(engine) and shared.rollout_gpu_gib is None
     assert "generate" not in own.phases_gib
+
+
+def test_one_trainer_gpu_counts_nccls_buffers_only_where_it_broadcasts_the_weights_to_other_gpus() -> None:
+    spec = _separate(trainer_gpus=1)
+    shared = plan_memory(spec, TINY, gpu_named("80GiB"), layout="shared")  # CUDA IPC on the card
+    for layout in ("pools", "disjoint"):
+        own = plan_memory(spec, TINY, gpu_named("80GiB"), layout=layout)
+        assert own.process_gib == pytest.approx(memory.PROCESS_GIB + memory.NCCL_GIB)
+    assert shared.process_gib == pytest.approx(memory.PROCESS_GIB)
 
 
 QWEN2 = ModelShape(vocab=151936, hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864, qkv_bias=True)

@@ -4,7 +4,8 @@ the token budget of `batch.dynamicBatchSize` when `maxTokenLenPerGPU` is left ou
 Everything that shares a trainer GPU is counted, as the device reports it (NVML, every process), phase by phase:
 
 - each CUDA process: `PROCESS_GIB` (CUDA context, cuBLAS workspaces: what no allocator counts), plus `NCCL_GIB`
-  when the trainer spans several GPUs, and `ENGINE_GIB` where a vLLM engine lives (its CUDA graphs);
+  when the trainer spans several GPUs or broadcasts the weights to engines on GPUs of their own, and `ENGINE_GIB`
+  where a vLLM engine lives (its CUDA graphs);
 - train (the actor update): FSDP2's shards of fp32 parameters, fp32 gradients and AdamW's two fp32 moments (16 bytes
   per parameter ÷ GPUs; `paramOffload` / `optimizerOffload` move them to the CPU), the reference and critic copies,
   the gathered layers, one micro-batch's activations (the tensors a layer keeps for its backward, ×
@@ -45,7 +46,8 @@ ENGINE_GIB = 0.4
 """What a vLLM engine holds beyond its gpuMemoryUtilization share, asleep or awake (its CUDA graphs' pool): H200,
 SmolLM2 colocated, 45.25 GiB in use = 42.12 share + 1.5 trainer state + 1.3 process + 0.33."""
 NCCL_GIB = 0.5
-"""NCCL's buffers in a trainer that spans several GPUs (an estimate: only one-GPU machines were measured)."""
+"""NCCL's buffers in a trainer that spans several GPUs or sends the weights to engines on other GPUs over NCCL (the
+`pools` and `disjoint` layouts): an estimate, only one-GPU machines were measured."""
 ACTIVATION_FACTOR = 1.05
 """Saved activations of a compiled layer ÷ :func:`layer_activations_bytes` (H200 actor update peaks at 32,768
 tokens, bench/results/actor_mfu*.json: Qwen2-0.5B 42.0 GiB, SmolLM2 19.5 GiB)."""
@@ -450,7 +452,8 @@ def plan_memory(
     kv_per_token = 2 * shape.layers * shape.kv_heads * shape.dim * dtype_bytes / tp
     kv_tokens = int(kv_cache * GIB // kv_per_token)
 
-    process = PROCESS_GIB + (NCCL_GIB if dp > 1 else 0.0) + (ENGINE_GIB if kind == "colocated" else 0.0)
+    nccl = dp > 1 or kind in ("pools", "disjoint")  # collectives among the ranks, or the weights' broadcast
+    process = PROCESS_GIB + (NCCL_GIB if nccl else 0.0) + (ENGINE_GIB if kind == "colocated" else 0.0)
     engine_beside = vllm_total + PROCESS_GIB + ENGINE_GIB if kind == "shared" else 0.0
     resident = sum(r.resident for r in roles)
     bucket = _gib(min(512 * 2**20, shape.params * dtype_bytes))  # weight_sync.DEFAULT_BUCKET_MB
