@@ -563,9 +563,8 @@ def step_record(metrics: dict[str, Any], phases: dict[str, tuple[str, ...]], sta
         "reward_mean": metrics.get("critic/score/mean"),
         "staleness": metrics.get(staleness),
         "breakdown_s": phase_breakdown(metrics, phases, "timing_s/step"),
-        "trainer_gib": {
-            what: metrics.get(f"perf/max_memory_{what}_gb") for what in ("allocated", "reserved")
-        },  # PyTorch's peaks on the trainer's GPU (GiB): the card's NVML peak less the engine, split
+        # PyTorch's peaks in the trainer (GiB): a plan's miss split between allocations and the allocator's reserve
+        "trainer_gib": {what: metrics.get(f"perf/max_memory_{what}_gb") for what in ("allocated", "reserved")},
     }
 
 
@@ -659,18 +658,21 @@ def read_earlier(path: str | None, result: dict[str, Any]) -> Earlier | None:
     return Earlier(path, doc)
 
 
-def merge_sides(result: dict[str, Any], earlier: Earlier | None, sides: tuple[str, ...]) -> None:
-    """Copy into ``result`` the sides of ``earlier`` named by ``sides`` that ``result`` lacks."""
+def merge_sides(result: dict[str, Any], earlier: Earlier | None, sides: tuple[str, ...]) -> dict[str, Any]:
+    """A copy of ``result`` with the sides of ``earlier`` named by ``sides`` that ``result`` lacks (this run's result
+    stays as it ran: it is merged again after every side)."""
+    whole = dict(result)
     if earlier is None:
-        return
+        return whole
     kept = [side for side in sides if side in earlier.doc and side not in result]
-    result.update({side: earlier.doc[side] for side in kept})
-    result["merged"] = {
+    whole.update({side: earlier.doc[side] for side in kept})
+    whole["merged"] = {
         "from": earlier.path,
         "date": earlier.doc.get("date"),
         "command": earlier.doc.get("command"),
         "sides": kept,
     }
+    return whole
 
 
 def print_ratios(result: dict[str, Any], sides: tuple[str, ...], baseline: str, label: str) -> None:

@@ -302,8 +302,7 @@ def merge_trl_sweep(result: dict[str, Any], earlier: Earlier | None) -> None:
 
 def merged(result: dict[str, Any], earlier: Earlier | None) -> dict[str, Any]:
     """``result`` with the kuberl sides and TRL runs of ``earlier`` it lacks."""
-    whole = dict(result)
-    merge_sides(whole, earlier, tuple(KUBERL_SIDES))
+    whole = merge_sides(result, earlier, tuple(KUBERL_SIDES))
     merge_trl_sweep(whole, earlier)
     return whole
 

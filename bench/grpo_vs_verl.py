@@ -445,9 +445,7 @@ def main() -> int:
 
     def side_done() -> None:
         """A run stopped later keeps the sides that finished."""
-        whole = dict(result)
-        merge_sides(whole, earlier, SIDES)
-        write_result(whole, args.out)
+        write_result(merge_sides(result, earlier, SIDES), args.out)
 
     for overlap in VERL_ROWS[args.overlap]:
         suffix = "_overlap" if overlap else ""
@@ -472,7 +470,7 @@ def main() -> int:
             result[side] = run_kuberl(args, folder, data["file"], work, gpu, card, side)
             print_side(side, result[side], args.out)
             side_done()
-    merge_sides(result, earlier, SIDES)
+    result = merge_sides(result, earlier, SIDES)
     print_async_ratios(result)
     for suffix in ("", "_overlap"):
         ours, theirs = (result.get(f"{s}{suffix}", {}).get("tokens_per_s") for s in ("kuberl", "verl"))
