@@ -12,7 +12,7 @@
 # (GRPO_SPECS, tests/gpu/*.yaml), agent (tests/gpu/smollm2-agent-vllm.yaml), plan (bench/plan_accuracy.py on the
 # kuberl side of the last bench-trl, whose TRL_ARGS must include --work-dir "$BENCH_DIR"). The 1.1B benchmark:
 # TRL_ARGS="--model shape:llama-1.1b --work-dir /tmp/bench-1b ..." (the script writes the random-weight model).
-# .device/PLAN.md (in the integrator's checkout) has the staging calls and each call's carry list.
+# tests/gpu/stage.sh prepares the staged files and makes the staging calls (calls: each call's carry list).
 # Logs and JSON go to $OUT (the device tool brings back at most 8 files); the benchmarks' JSON also stays in
 # /root/results, where a later call's --merge-with (TRL_ARGS, VERL_ARGS) finds it: TRL_NAME and VERL_NAME name them.
 set -u
