@@ -2,8 +2,8 @@
 # Stages of a GPU-machine session (docs/gpu.md), run from the repository root:
 #   bash tests/gpu/device_run.sh install install-verl bench-verl  # first long call, after the staging calls
 #   bash tests/gpu/device_run.sh env bench-trl                      # next call, machine still warm
-# Stages: install (offline bundle staged in /root/stage, kuberl's and TRL's extra wheels staged flat in /root/extra
-# or carried in .device/x1 and .device/x-trl, docs/gpu.md), install-verl (verl's site from the wheels staged in
+# Stages: install (offline bundle staged in /root/stage, kuberl's and TRL's extra wheels in /root/extra and
+# /root/extra-parts: tests/gpu/stage.sh, docs/gpu.md), install-verl (verl's site from the wheels staged in
 # /root/verl-stage, checked against its SHA256SUMS, into /root/verl-site; VERL_TF59=1 also puts verl's pinned
 # transformers from /root/verl-tf59 before it), env (only set up the environment), lite (no bundle: the carried
 # .device/lite wheels, for bench-mfu and the tests not marked vllm), tests (tests/gpu, one process per module or
@@ -34,11 +34,10 @@ install() {
   local rc=$?
   tail -5 "$OUT/install.log" | tee -a "$OUT/session.log"
   [ $rc -eq 0 ] || { log "install.sh failed: $rc"; return $rc; }
-  # extra wheels (docs/gpu.md): staged flat in /root/extra by the staging calls, or carried in .device/x1 and
-  # .device/x-trl; split ones (NAME.whl.partNN) joined; all checked against EXTRA_SHA256SUMS
+  # extra wheels (docs/gpu.md): put in /root/extra by the staging calls (tests/gpu/stage.sh), the split ones
+  # (NAME.whl.partNN) in /root/extra-parts, joined here; all checked against EXTRA_SHA256SUMS
   mkdir -p /root/extra
-  cp .device/x1/* .device/x-trl/* /root/extra/ 2>/dev/null
-  for part in /root/extra/*.whl.part00 /root/extra-parts/*.whl.part00; do
+  for part in /root/extra-parts/*.whl.part00; do
     [ -e "$part" ] || continue
     cat "${part%.part00}".part[0-9][0-9] > "/root/extra/$(basename "${part%.part00}")"
   done

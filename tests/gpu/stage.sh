@@ -78,12 +78,12 @@ prepare() {
 }
 
 bytes() {  # PATH...: apparent size in bytes
-  du -cb --apparent-size "$@" | tail -1 | cut -f1
+  du -cb "$@" | tail -1 | cut -f1
 }
 
 calls() {
   local checkout n pair paths total over=0
-  checkout=$(git ls-files -z -co --exclude-standard | du -cb --apparent-size --files0-from=- 2>/dev/null | tail -1 \
+  checkout=$(git ls-files -z -co --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 \
     | cut -f1)
   for n in "${!CALLS[@]}"; do
     paths=()
