@@ -12,6 +12,7 @@ import contextlib
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +28,9 @@ from tests.trainer.ray_nodes import ENV, RayNodes, alive_rollout_nodes, auth_env
 from tests.trainer.test_run_async_cpu import BATCH, Recorder, spec
 
 pytestmark = pytest.mark.slow
-STEPS = 5
+STEPS = 6
+"""Every weight update up to step 3's admits groups to generate (the staleness bound, (version + 3) batches, stays
+within the run's 6): a kill armed as steps 2 and 3 start meets a generation by then."""
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +74,8 @@ def add_rollout_nodes(nodes: RayNodes, count: int, cpus: int = 1) -> list[Any]:
 
 
 def elastic_spec(tmp_path: Path, *, rollout_nodes: int, empty_timeout: int = 300) -> dict:
-    """Responses of up to 128 tokens: generation is slower than the trainer's update, so the engines are busy
-    whenever a step updates (a kill then lands mid-generation)."""
+    """Responses of up to 128 tokens: the groups a weight update admits keep the engines generating for a while
+    after it (a kill then lands mid-generation)."""
     doc = spec(tmp_path / "ckpt", staleness=2, response_length=128)
     doc["trainer"]["totalSteps"] = STEPS
     doc["cluster"]["rollout"] = {"nodes": rollout_nodes, "gpusPerNode": 1}
@@ -93,31 +96,43 @@ def node_of(nodes: RayNodes, node_id: str) -> Any:
     raise AssertionError(f"no node process runs the raylet of {node_id}")
 
 
-def busy_engine(trainer: Any) -> Any:
-    """An engine with a generation in flight (waited for)."""
-    pool = trainer.cluster.rollout
-    wait_until(lambda: any(e.busy for e in pool.active), "an engine generating", timeout=60)
-    return next(e for e in pool.active if e.busy)
+def kill_at_next_generation(trainer: Any, kill: Callable[[Any], None]) -> threading.Event:
+    """``kill(engine)`` for the next generation the stream hands an engine, right after its call went out: the fault
+    lands with the call in flight, whenever that generation comes (a tiny engine's takes a fraction of a second, and
+    none comes while the queue is at its staleness bound); the event is set once it did."""
+    stream = trainer.experience.stream
+    call = stream.call
+    fired = threading.Event()
+
+    def calling(chunk: Any) -> Any:
+        answer = call(chunk)
+        if not fired.is_set():
+            kill(chunk.engine)
+            fired.set()
+        return answer
+
+    stream.call = calling
+    return fired
 
 
 def run(doc: dict, run_dir: Path, recorder: Recorder, events: dict[int, Callable[[Any], None]]) -> int:
-    """The run through the driver's own loop; ``events[step](trainer)`` happens as step ``step`` starts its update,
-    while the engines generate the next groups."""
+    """The run through the driver's own loop; ``events[step](trainer)`` happens as step ``step`` starts, before it
+    takes its batch."""
     from kuberl.trainer.driver.trainer import Trainer
 
     trainer = Trainer("elastic", parse_spec(doc), run_dir=run_dir, show_progress=False)
     try:
         trainer.setup()
         recorder.wrap(trainer)
-        update = trainer.update
+        take = trainer.experience.take
 
-        def with_events(exp, timer):  # type: ignore[no-untyped-def]
+        def with_events(timer, *, generate_next):  # type: ignore[no-untyped-def]
             event = events.get(trainer.global_step + 1)
             if event is not None:
                 event(trainer)
-            return update(exp, timer)
+            return take(timer, generate_next=generate_next)
 
-        trainer.update = with_events
+        trainer.experience.take = with_events
         return trainer.fit()
     finally:
         trainer.shutdown()
@@ -148,20 +163,24 @@ def test_the_pool_goes_from_two_engines_to_one_to_none_and_back_and_to_three_wit
 ) -> None:
     add_rollout_nodes(nodes, 2)
     killed: list[int] = []
+    fired: list[threading.Event] = []
 
     def kill_a_pod_mid_batch(trainer: Any) -> None:
-        victim = busy_engine(trainer)
-        nodes.kill(node_of(nodes, victim.slot[0]))
-        wait_until(lambda: trainer.cluster.rollout.size == 1, "the killed pod's engine dropped", timeout=60)
+        fired.append(kill_at_next_generation(trainer, lambda engine: nodes.kill(node_of(nodes, engine.slot[0]))))
+
+    def kill_engine_process(engine: Any) -> None:
+        killed.append(engine_process(nodes, engine))
+        os.kill(killed[-1], signal.SIGKILL)
 
     def kill_the_last_engine_process_mid_generation(trainer: Any) -> None:
-        killed.append(engine_process(nodes, busy_engine(trainer)))
-        os.kill(killed[-1], signal.SIGKILL)
-        wait_until(lambda: trainer.cluster.rollout.size == 0, "the killed engine dropped", timeout=60)
+        pool = trainer.cluster.rollout
+        wait_until(lambda: fired[0].is_set() and pool.size == 1, "the killed pod's engine dropped", timeout=60)
+        fired.append(kill_at_next_generation(trainer, kill_engine_process))
 
     def two_pods_join(trainer: Any) -> None:
-        add_rollout_nodes(nodes, 2)
         pool = trainer.cluster.rollout
+        wait_until(lambda: fired[1].is_set() and pool.size == 0, "the killed engine dropped", timeout=60)
+        add_rollout_nodes(nodes, 2)
         # three engines up: the two new pods' (awaiting weights) and the one started again on the surviving pod
         wait_until(lambda: sum(e.state != "starting" for e in pool.engines) == 3, "three engines up")
 
@@ -176,11 +195,12 @@ def test_the_pool_goes_from_two_engines_to_one_to_none_and_back_and_to_three_wit
     steps = check_trained_once(tmp_path / "run", recorder)
     assert killed and alive_rollout_nodes() == 3  # the engine's process died, its node did not
     # the status heard each change: a pod gone, the pool empty, then the engine started again on its node and the two
-    # that joined (together, when the replacement first got weights at step 4's update)
+    # that joined (all three at once when the replacement had got no weights before step 4)
     assert reported in ([1, 0, 1, 3], [1, 0, 3])
-    # each step's engines after its weight update (step 3's replacement may still be loading the model then)
+    # each step's engines after its weight update: a kill armed at a step's start lands by then, the engine may drop
+    # just after it (and step 3's replacement may still be loading the model)
     engines = [r["rollout/engines"] for r in steps]
-    assert engines[:2] == [2, 1] and engines[2] in (0, 1) and engines[3:] == [3, 3]
+    assert engines[0] == 2 and engines[1] in (1, 2) and engines[2] in (0, 1) and engines[3:] == [3] * (STEPS - 3)
     assert sum(r["rollout/lost_groups"] for r in steps) >= 2  # both kills' groups were generated again
 
 
@@ -216,9 +236,9 @@ def test_with_no_engine_left_past_the_timeout_the_attempt_fails_naming_it(tmp_pa
     assert "no rollout engine for" in message, message  # lost while running, not at the start
     assert "runPolicy.emptyRolloutPoolTimeoutSeconds = 30" in message and "kuberl.io/pool=rollout" in message
     assert classify(failed.value).kind == FailureClass.TRANSIENT  # retried under backoffLimit: not the job's end
-    # the groups queued before the pool emptied may train a step more; the rest never came
+    # the groups queued before the pool emptied (as step 2 started) may train steps more; the rest never came
     trained = [r["step"] for r in read_jsonl(tmp_path / "run" / "metrics.jsonl")]
-    assert trained == list(range(1, len(trained) + 1)) and 2 <= len(trained) < STEPS
+    assert trained == list(range(1, len(trained) + 1)) and 1 <= len(trained) < STEPS
 
 
 @pytest.mark.timeout(600)

@@ -86,8 +86,8 @@ def test_a_stop_in_the_middle_of_async_training_resumes_without_training_a_step_
     assert sorted(recorder.staleness) == [1, 2, 3]
     state = files.read_state(files.find_latest(tmp_path / "ckpt"))
     assert state["step"] == 3
-    # groups were generated ahead of step 4 and some finished out of the loader's order: the checkpoint keeps the
-    # oldest untrained prompt's batch and which prompts after it are trained already
+    # groups generated ahead of step 4 (as many as the engines reached) finish out of the loader's order: the
+    # checkpoint keeps the oldest untrained prompt's batch and which prompts after it are trained already
     position = state["dataloader"]
     assert position["epoch"] * 128 + position["batch_in_epoch"] <= 3
     assert len(position["trained_ahead"]) == 3 * BATCH - position["batch_in_epoch"] * BATCH

@@ -154,6 +154,8 @@ class GroupStream:
         self.ready: list[Ready] = []
         self.trained: set[int] = set()
         """Ordinals trained, from the oldest untrained prompt's batch on."""
+        self.untrained: set[int] = set()
+        """Ordinals drawn and not trained yet, wherever they are: to generate, in flight, being scored, ready."""
         self.skip: set[int] = set()
         """Ordinals trained before the checkpoint this run resumed from."""
         self.started = 0
@@ -181,8 +183,7 @@ class GroupStream:
         self.pool.version = step
         self.started = step * self.batch_size
         self.limit = total_steps * self.batch_size
-        position = self.loader.state_dict()
-        base = (position["epoch"] * len(self.loader) + position["batch_in_epoch"]) * self.batch_size
+        base = self.next_ordinal()
         self.skip = {base + offset for offset in self.loader.trained_ahead}
         self.clock_mark = self.pool.engine_seconds()
 
@@ -198,7 +199,7 @@ class GroupStream:
                     if len(self.ready) >= self.batch_size:
                         depth = len(self.ready)
                         taken, self.ready = self.ready[: self.batch_size], self.ready[self.batch_size :]
-                        self.trained.update(r.group.ordinal for r in taken)
+                        self.record_trained([r.group.ordinal for r in taken])
                         self.admitting = generate_next
                         metrics = self.step_metrics(depth, taken)
                         self.cond.notify_all()
@@ -207,6 +208,11 @@ class GroupStream:
                 self.pool.admit_if_empty()
                 self.pool.check_not_empty_too_long()
         return self.batch(taken, metrics), max(r.group.epoch for r in taken)
+
+    def record_trained(self, ordinals: list[int]) -> None:
+        """Under the lock: this step takes the groups of these ordinals (its checkpoint counts them trained)."""
+        self.trained.update(ordinals)
+        self.untrained.difference_update(ordinals)
 
     def drop_stale(self) -> None:
         """Regenerate the ready groups the next step may not train (under the lock)."""
@@ -242,24 +248,25 @@ class GroupStream:
             metrics=metrics,
         )
 
-    def resume_position(self) -> dict[str, Any] | None:
-        """The loader position a checkpoint keeps: the batch of the oldest prompt not trained yet, and the offsets
-        from there of the prompts trained already; None when every prompt drawn was trained."""
+    def resume_position(self) -> dict[str, Any]:
+        """The loader position a checkpoint keeps: the batch of the oldest prompt not trained yet (the loader's next
+        one when every prompt drawn was trained), and the offsets from there of the prompts trained already, those
+        this run was to skip and has not drawn yet included."""
         with self.cond:
-            held = [g.ordinal for g in self.todo]
-            held += [g.ordinal for c in self.chunks.values() for g in c.fresh]
-            held += [u.group.ordinal for u in self.unfinished] + [r.group.ordinal for r in self.ready]
-            if not held:
-                return None
-            index = min(held) // self.batch_size
-            start = index * self.batch_size
+            oldest = min(self.untrained) if self.untrained else self.next_ordinal()
+            start = oldest // self.batch_size * self.batch_size
             self.trained = {o for o in self.trained if o >= start}
-            epoch, batch_in_epoch = divmod(index, len(self.loader))
+            epoch, batch_in_epoch = divmod(start // self.batch_size, len(self.loader))
             return {
                 "epoch": epoch,
                 "batch_in_epoch": batch_in_epoch,
-                "trained_ahead": sorted(o - start for o in self.trained),
+                "trained_ahead": sorted(o - start for o in self.trained | self.skip),
             }
+
+    def next_ordinal(self) -> int:
+        """The place in the loader's order of the next prompt the loader gives."""
+        position = self.loader.state_dict()
+        return (position["epoch"] * len(self.loader) + position["batch_in_epoch"]) * self.batch_size
 
     def close(self) -> None:
         """Stop the producer (its generations in flight are left to the engines, which the cluster stops)."""
@@ -329,8 +336,7 @@ class GroupStream:
 
     def draw(self) -> None:
         """The loader's next batch into ``todo``, less the prompts a resumed run trained already."""
-        position = self.loader.state_dict()
-        base = (position["epoch"] * len(self.loader) + position["batch_in_epoch"]) * self.batch_size
+        base = self.next_ordinal()
         prompts = self.loader.next_batch()
         for i, prompt in enumerate(prompts):
             if base + i in self.skip:
@@ -338,6 +344,7 @@ class GroupStream:
                 self.trained.add(base + i)
             else:
                 self.todo.append(Group(prompt, base + i, self.loader.epoch))
+                self.untrained.add(base + i)
 
     def regenerate(self, group: Group) -> None:
         """Under the lock: ``group`` is generated again from its prompt, before anything new."""
