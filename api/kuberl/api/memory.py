@@ -10,8 +10,8 @@ Everything that shares a trainer GPU is counted, as the device reports it (NVML,
   per parameter ÷ GPUs; `paramOffload` / `optimizerOffload` move them to the CPU), the reference and critic copies,
   the gathered layers, one micro-batch's activations (the tensors a layer keeps for its backward, ×
   `ACTIVATION_FACTOR`, and an eager layer's float32 norm tensors), the output head's chunk of float32 logits, and the caching
-  allocator's reserve: blocks freed by micro-batches of other sizes that it keeps (`allocator_reserve` × the
-  activations and the head's chunk: large with a fixed number of rows per micro-batch, small with a token budget,
+  allocator's reserve: blocks freed by micro-batches of other sizes that it keeps (`allocator_reserve_gib`: a share
+  of the activations and the head's chunk: large with a fixed number of rows per micro-batch, small with a token budget,
   where the optimizer step's temporaries are reserved on top: the few freed blocks do not hold them);
 - sync, colocated: the trainer's state, the engine's weights woken in the compute dtype and the bucket being sent
   (gathered, then flattened: two copies); the trainer empties its cache before the engine wakes, so no reserve;
@@ -379,11 +379,14 @@ class _Update:
     allocated: float
 
 
-def allocator_reserve(spec: RLJobSpec, layout: Layout) -> float:
-    """Reserved but free ÷ (activations + head) for ``spec``'s micro-batching on ``layout``."""
+def allocator_reserve_gib(spec: RLJobSpec, layout: Layout, activations_gib: float, optimizer_step_gib: float) -> float:
+    """Reserved but free GiB around a micro-batch's ``activations_gib`` (its head's included) under ``spec``'s
+    micro-batching on ``layout``; a token budget's also holds the optimizer step's temporaries (a fixed row count's
+    1.15 x held them in both models measured)."""
     if not spec.batch.dynamic_batch_size.enabled:
-        return ALLOCATOR_RESERVE
-    return COLOCATED_TOKEN_BUDGET_RESERVE if layout == "colocated" else TOKEN_BUDGET_RESERVE
+        return ALLOCATOR_RESERVE * activations_gib
+    ratio = COLOCATED_TOKEN_BUDGET_RESERVE if layout == "colocated" else TOKEN_BUDGET_RESERVE
+    return ratio * activations_gib + optimizer_step_gib
 
 
 def _update(
@@ -407,9 +410,7 @@ def _update(
     state = actor.params + actor.grads + max(actor.optimizer, actor.optimizer_step)
     others = sum(r.resident for r in roles[1:])
     allocated = state + others + activations + head + gathered
-    reserve = allocator_reserve(spec, layout) * (activations + head)
-    if spec.batch.dynamic_batch_size.enabled:  # a fixed row count's 1.15 x held them in both models measured
-        reserve += actor.optimizer_step
+    reserve = allocator_reserve_gib(spec, layout, activations + head, actor.optimizer_step)
     return _Update(activations, head, gathered, reserve, allocated)
 
 
@@ -574,9 +575,8 @@ def _advice(spec: RLJobSpec, plan: MemoryPlan, seq: int, fits_at: Callable[..., 
     if train_over and not dynamic.enabled and plan.largest_micro_batch:
         advice.append(f"batch.ppoMicroBatchSizePerGPU: {plan.largest_micro_batch} fits")
     if train_over and not plan.gradient_checkpointing:
-        saved = (plan.activations_without_checkpointing_gib - plan.activations_with_checkpointing_gib) * (
-            1 + allocator_reserve(spec, plan.layout)
-        )
+        fewer = plan.activations_without_checkpointing_gib - plan.activations_with_checkpointing_gib
+        saved = fewer + allocator_reserve_gib(spec, plan.layout, fewer, 0.0)
         works = fits_at(plan.token_budget or seq, True)
         advice.append(f"model.gradientCheckpointing: true saves {saved:.1f} GiB" + (" and fits" if works else ""))
     actor = plan.roles[0]
