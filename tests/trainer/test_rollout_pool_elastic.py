@@ -180,6 +180,8 @@ def test_the_pool_goes_from_two_engines_to_one_to_none_and_back_and_to_three_wit
     def two_pods_join(trainer: Any) -> None:
         pool = trainer.cluster.rollout
         wait_until(lambda: fired[1].is_set() and pool.size == 0, "the killed engine dropped", timeout=60)
+        # the pool drops an engine as its call fails, which may be before the GCS declares the killed pod's node dead
+        wait_until(lambda: alive_rollout_nodes() == 1, "the killed pod's node declared dead", timeout=60)
         add_rollout_nodes(nodes, 2)
         # three engines up: the two new pods' (awaiting weights) and the one started again on the surviving pod
         wait_until(lambda: sum(e.state != "starting" for e in pool.engines) == 3, "three engines up")
