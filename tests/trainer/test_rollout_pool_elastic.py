@@ -74,8 +74,8 @@ def add_rollout_nodes(nodes: RayNodes, count: int, cpus: int = 1) -> list[Any]:
 
 
 def elastic_spec(tmp_path: Path, *, rollout_nodes: int, empty_timeout: int = 300) -> dict:
-    """Responses of up to 128 tokens: the groups a weight update admits keep the engines generating for a while
-    after it (a kill then lands mid-generation)."""
+    """Responses of up to 128 tokens (the random tiny policy rarely samples eos): a generation call lasts long enough
+    that a kill right after it went out finds it running."""
     doc = spec(tmp_path / "ckpt", staleness=2, response_length=128)
     doc["trainer"]["totalSteps"] = STEPS
     doc["cluster"]["rollout"] = {"nodes": rollout_nodes, "gpusPerNode": 1}
