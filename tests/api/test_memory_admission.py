@@ -35,9 +35,9 @@ def test_the_colocated_runs_that_died_on_an_h100_are_refused_with_the_plan(utili
     expected = plan_memory(parse_spec(doc["spec"]), config_shape(LLAMA_11B_SHAPE.model_dump()), gpu_named("H100-80GB"))
     assert issue.rule == PLAN_FITS_RULE and issue.message == does_not_fit("", expected)
     assert issue.message.startswith("RLJob does not fit one H100-80GB (") and "of 79.7 GiB at its peak" in issue.message
-    assert "batch.dynamicBatchSize.maxTokenLenPerGPU: 27648 fits" in issue.message
+    assert "batch.dynamicBatchSize.maxTokenLenPerGPU: 25600 fits" in issue.message
     assert "model.gradientCheckpointing: true saves" in issue.message
-    assert "largest token budget that fits: 27648" in issue.message
+    assert "largest token budget that fits: 25600" in issue.message
 
 
 @pytest.mark.parametrize("utilization", ONE_STEP_OFF_OOM_UTILIZATIONS)
@@ -123,7 +123,7 @@ def test_kuberl_validate_refuses_it_with_the_plan(tmp_path: Path, capsys: pytest
     out = capsys.readouterr().out
     assert "RLJob oom is invalid (1 issue)" in out
     assert "spec: RLJob does not fit one H100-80GB" in out and f"[{PLAN_FITS_RULE}]" in out
-    assert "phase: train" in out and "maxTokenLenPerGPU: 27648 fits" in out
+    assert "phase: train" in out and "maxTokenLenPerGPU: 25600 fits" in out
     assert main(["validate", str(_write(tmp_path, fitting_rljob("fits", separate=True)))]) == 0
 
 

@@ -50,6 +50,7 @@ NO_MEMORY_PEAK = {
     "rollout_vs_vllm.json": "generation alone, no RLJob",
     "sandbox_throughput.json": "sandbox executions on CPUs, no GPU",
     "weight_sync.json": "the weight sync alone, no RLJob",
+    "weight_sync_h100.json": "the weight sync alone, no RLJob",
 }
 
 
