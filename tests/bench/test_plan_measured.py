@@ -49,6 +49,7 @@ NO_MEMORY_PEAK = {
     "grpo_vs_trl_async_smollm2_h100_k1.metrics.jsonl": "one row's trainer metrics, no NVML reading",
     "rollout_vs_vllm.json": "generation alone, no RLJob",
     "sandbox_throughput.json": "sandbox executions on CPUs, no GPU",
+    "weight_gather_h100.json": "the weight sync's gather alone, no RLJob",
     "weight_sync.json": "the weight sync alone, no RLJob",
     "weight_sync_h100.json": "the weight sync alone, no RLJob",
 }

@@ -156,8 +156,12 @@ def prepare(
 
 
 def full_tensor(t: Tensor) -> Tensor:
-    """The whole tensor (a collective when ``t`` is a sharded DTensor: every rank must call it in the same order)."""
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    """The whole tensor: a collective when ``t`` is a DTensor over several ranks (every rank must call it in the same
+    order). Over one rank its local tensor already is the whole one, shared, not copied: the gather alone took 0.09 ms
+    a parameter on an H100, 2.8x the local read and cast (bench/weight_gather.py)."""
+    if not isinstance(t, DTensor):
+        return t
+    return t.to_local() if t.device_mesh.size() == 1 else t.full_tensor()
 
 
 def full_named_parameters(model: nn.Module, *, lora_scaling: float | None = None) -> Iterator[tuple[str, Tensor]]:
