@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -88,23 +89,22 @@ def timed(gather: Gather, model: nn.Module, repeats: int) -> tuple[float, dict[s
     return statistics.median(seconds[1:]), out
 
 
-def measure(name: str, repeats: int, device: str) -> dict[str, object]:
+def measure(name: str, repeats: int, device: str) -> dict[str, Any]:
     model = shard(random_causal_lm(name, device), device_type=device, dtype="bfloat16")
     tensors = sum(1 for _ in model.parameters())
-    result: dict[str, object] = {"model": name, "tensors": tensors, "ways": {}}
-    baseline_s, baseline = timed(per_parameter, model, repeats)
-    for way, gather in WAYS.items():
-        seconds, got = (baseline_s, baseline) if way == "per_parameter" else timed(gather, model, repeats)
+    timings = {way: timed(gather, model, repeats) for way, gather in WAYS.items()}
+    baseline_s, baseline = timings["per_parameter"]
+    ways: dict[str, dict[str, Any]] = {}
+    for way, (seconds, got) in timings.items():
         if sorted(got) != sorted(baseline):
             raise AssertionError(f"{way}: names differ from per_parameter: {sorted(set(got) ^ set(baseline))[:5]}")
-        equal = all(torch.equal(got[k], baseline[k]) for k in baseline)
-        result["ways"][way] = {  # type: ignore[index]
+        ways[way] = {
             "seconds": round(seconds, 5),
             "ms_per_tensor": round(1000 * seconds / tensors, 4),
             "baseline_over_this": round(baseline_s / seconds, 2),
-            "equal_to_baseline": equal,
+            "equal_to_baseline": all(torch.equal(got[k], baseline[k]) for k in baseline),
         }
-    return result
+    return {"model": name, "tensors": tensors, "ways": ways}
 
 
 def main() -> int:
@@ -117,14 +117,14 @@ def main() -> int:
     backend = "nccl" if args.device == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     card = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
-    results = {"device": card, "torch": torch.__version__, "models": []}
+    rows = []
     for name in args.models:
-        row = measure(name, args.repeats, args.device)
-        results["models"].append(row)  # type: ignore[attr-defined]
-        for way, figures in row["ways"].items():  # type: ignore[attr-defined]
+        rows.append(measure(name, args.repeats, args.device))
+        for way, figures in rows[-1]["ways"].items():
             print(f"{name:14s} {way:14s} {figures}", flush=True)
     dist.destroy_process_group()
     if args.out:
+        results = {"device": card, "torch": torch.__version__, "models": rows}
         args.out.write_text(json.dumps(results, indent=1) + "\n")
     return 0
 
