@@ -38,6 +38,10 @@ SHAPE_PREFIX = "shape:"
 ERROR_TAIL_LINES = 40
 GIB = 2**30
 NVML_INTERVAL_S = 0.1
+IDLE_CARD_MIB = 2048
+"""Less than this in use is an idle card (its driver's share: ~0.5 GiB on an H100)."""
+IDLE_WAIT_S = 60.0
+"""How long a side waits for the previous side's processes to leave the card."""
 CHECKPOINTS = "runs/grpo-bench/checkpoints"  # relative: under the repository (the kuberl side's working directory)
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -311,22 +315,32 @@ def gpu_name() -> str | None:
     return out.stdout.splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else None
 
 
-def wait_for_gpu_memory(limit_mib: int = 2048, timeout_s: float = 60.0) -> float | None:
-    """Wait until the GPU holds less than ``limit_mib`` (the previous side's processes are gone); MiB used then."""
+def busy_card() -> str | None:
+    """None once the card holds less than :data:`IDLE_CARD_MIB` (the previous side's processes are gone), else what
+    holds it after :data:`IDLE_WAIT_S`: a side measured beside another process would record that process's memory as
+    its own peak and share the card's time with it."""
     if not shutil.which("nvidia-smi"):
         return None
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + IDLE_WAIT_S
     while True:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            check=False,
-            capture_output=True,
-            text=True,
-        )
-        used = float(out.stdout.split()[0]) if out.returncode == 0 and out.stdout.strip() else 0.0
-        if used < limit_mib or time.monotonic() > deadline:
-            return used
+        used = _nvidia_smi("--query-gpu=memory.used")
+        mib = float(used.split()[0]) if used.strip() else 0.0
+        if mib < IDLE_CARD_MIB:
+            return None
+        if time.monotonic() > deadline:
+            apps = _nvidia_smi("--query-compute-apps=pid,process_name,used_memory").strip().replace("\n", "; ")
+            return (
+                f"the card holds {mib:.0f} MiB after {IDLE_WAIT_S:.0f} s of waiting (pid, name, MiB: {apps or 'none'}); "
+                "stop those processes (an earlier run's, e.g. one a killed call left) and run again"
+            )
         time.sleep(1.0)
+
+
+def _nvidia_smi(query: str) -> str:
+    out = subprocess.run(
+        ["nvidia-smi", query, "--format=csv,noheader,nounits"], check=False, capture_output=True, text=True
+    )
+    return out.stdout if out.returncode == 0 else ""
 
 
 def tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
@@ -341,7 +355,19 @@ def run_side(
     """Run one side in its own process group, stdout and stderr to ``log_dir/NAME.{out,err}``, with the card's
     memory sampled meanwhile (``nvml``)."""
     out_path, err_path = log_dir / f"{name}.out", log_dir / f"{name}.err"
-    wait_for_gpu_memory()
+    busy = busy_card()
+    if busy is not None:
+        out_path.write_text("")
+        err_path.write_text(busy + "\n")
+        return {
+            "command": " ".join(cmd),
+            "exit_code": None,
+            "wall_s": 0.0,
+            "stdout_log": str(out_path),
+            "stderr_log": str(err_path),
+            "nvml": {},
+            "error": f"{name} not run: {busy}",
+        }
     start = time.perf_counter()
     with out_path.open("w") as out, err_path.open("w") as err, DeviceMemory() as memory:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=cwd, start_new_session=True)

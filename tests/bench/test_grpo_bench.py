@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import bench.grpo_bench as grpo_bench
 import bench.grpo_vs_trl as grpo_vs_trl
 from bench.grpo_bench import (
     DeviceMemory,
@@ -156,6 +157,36 @@ def test_the_cards_peak_is_the_largest_reading_and_each_process_its_own() -> Non
     recorded = memory.as_dict()
     assert recorded["device_peak_gib"] == 30.0 and recorded["device_before_gib"] == 0.5 and recorded["samples"] == 3
     assert recorded["process_peaks_gib"] == {"9": 20.0, "7": 5.0}
+
+
+def _nvidia_smi_reporting(tmp_path: Path, mib: int, apps: str) -> str:
+    """A PATH whose nvidia-smi answers the two queries of bench/grpo_bench.py as a card holding ``mib`` would (this
+    machine has no GPU)."""
+    tool = tmp_path / "bin" / "nvidia-smi"
+    tool.parent.mkdir()
+    tool.write_text(
+        f'#!/bin/sh\ncase "$1" in --query-gpu=*) echo {mib} ;; --query-compute-apps=*) printf "{apps}" ;; esac\n'
+    )
+    tool.chmod(0o755)
+    return f"{tool.parent}:/usr/bin:/bin"
+
+
+def test_a_side_is_not_run_on_a_card_another_process_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", _nvidia_smi_reporting(tmp_path, 33832, "6306, python3, 56893\\n7102, python3, 26233\\n"))
+    monkeypatch.setattr(grpo_bench, "IDLE_WAIT_S", 0.0)
+    marker = tmp_path / "ran"
+    info = grpo_bench.run_side(["touch", str(marker)], tmp_path, "kuberl", {}, 10.0)
+    assert not marker.exists() and info["exit_code"] is None and info["nvml"] == {}
+    assert info["error"].startswith("kuberl not run: the card holds 33832 MiB")
+    assert "6306, python3, 56893; 7102, python3, 26233" in info["error"]
+    assert Path(info["stderr_log"]).read_text().startswith("the card holds 33832 MiB")
+
+
+def test_a_side_runs_once_the_card_is_idle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", _nvidia_smi_reporting(tmp_path, 483, ""))
+    marker = tmp_path / "ran"
+    info = grpo_bench.run_side(["/usr/bin/touch", str(marker)], tmp_path, "kuberl", {}, 10.0)
+    assert marker.exists() and info["exit_code"] == 0 and "error" not in info
 
 
 def test_without_nvml_nothing_is_recorded() -> None:

@@ -209,6 +209,22 @@ bench_verl() {
   grep -e "tokens/s" -e "seconds per step" "$OUT/bench.log" | tail -8 | tee -a "$OUT/session.log"
 }
 
+clear_card() {
+  # a call the device tool stopped at its time limit leaves its processes behind (a benchmark side and its Ray
+  # workers: 2026-12-07, a verl run's two held 33 GiB when the next call's kuberl side began); every call starts on an
+  # idle card, and the benchmarks refuse a side on a busy one (bench/grpo_bench.py busy_card)
+  local pids
+  pids=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr -d ' ' | tr '\n' ' ')
+  pkill -9 -f -e 'raylet|gcs_server|ray::|ray/dashboard' >> "$OUT/session.log" 2>&1
+  [ -n "${pids// /}" ] || return 0
+  log "clear the card of an earlier call's processes: $pids"
+  # shellcheck disable=SC2086
+  kill -9 $pids 2>/dev/null
+  sleep 3
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader | tee -a "$OUT/session.log"
+}
+
+clear_card
 for stage in "$@"; do
   case $stage in
     install) install || exit 1; env_setup ;;
