@@ -4,8 +4,10 @@ measured and at most 10% above it; a run that died for memory was planned as not
 Every file in bench/results is either read here or listed in NO_MEMORY_PEAK with the reason. The rows:
 
 - the end-to-end benchmarks (grpo_vs_trl.json, grpo_vs_verl.json): each kuberl side that recorded the card's peak
-  (NVML, every process) with its RLJob, less what the card held before the side started (the idle card's ~0.5 GiB,
-  or another process's); one GPU, so a separate rollout is the shared layout;
+  (NVML, every process) with its RLJob, less what the idle card held before the side started (~0.5 GiB); one GPU, so
+  a separate rollout is the shared layout. A side that started on a card another process held (the benchmarks now
+  refuse to start one) is listed: in STEADY_NEIGHBOUR when that process held the same memory throughout (the card
+  less what it held before is still the side's own), in BUSY_AT_START, unchecked, when it did not;
 - plan_accuracy_*.json: the two earlier NVML peaks, whose RLJobs are written out below from what the files record;
 - actor_mfu.json, actor_mfu_profiled.json: the actor update alone, PyTorch's allocated peak against the plan's
   allocated figure for the update;
@@ -21,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from bench.grpo_bench import IDLE_CARD_MIB
 from bench.shapes import LLAMA_11B, QWEN2_05B, SMOLLM2_SHAPE
 from kuberl.api.memory import ModelShape, config_shape, gpu_named, plan_memory
 from kuberl.api.validation import parse_spec
@@ -52,7 +55,21 @@ NO_MEMORY_PEAK = {
     "weight_gather_h100.json": "the weight sync's gather alone, no RLJob",
     "weight_sync.json": "the weight sync alone, no RLJob",
     "weight_sync_h100.json": "the weight sync alone, no RLJob",
+    "weight_sync_h100_local_read.json": "the weight sync alone, no RLJob",
 }
+
+STEADY_NEIGHBOUR = {
+    "grpo_vs_trl_1b_h100.json:kuberl_overlap": "process 11035, left by an earlier run, held 5.30 GiB when the side "
+    "started (5.78 with the idle card's) and never more; an idle leftover keeps its memory until it exits",
+}
+"""Sides that started beside another process that held the same memory throughout → that process."""
+BUSY_AT_START = {
+    "grpo_vs_verl_qwen05b_h100.json:kuberl": "two processes of a verl run that an earlier device call left when it "
+    "was killed held 33.04 GiB when the side started and were gone by its peak (card 79.45 GiB, the kuberl process "
+    "78.98 GiB by itself): the card less 33.04 GiB is not its peak, and the process's own figure may hold memory "
+    "its allocator took only because the card had been full. It needs a rerun on an idle card (docs/performance.md)",
+}
+"""Sides that started on a card other processes held, whose memory changed during the run → what happened."""
 
 
 @dataclass(frozen=True)
@@ -143,9 +160,18 @@ def measured_rows() -> list[Measured]:
         for side, result in doc.items():
             nvml = (result.get("nvml") or {}) if isinstance(result, dict) else {}
             if side.startswith("kuberl") and "device_peak_gib" in nvml and "error" not in result:
+                name = f"{path.name}:{side}"
+                busy = nvml["device_before_gib"] * 1024 >= IDLE_CARD_MIB
+                if busy != (name in STEADY_NEIGHBOUR or name in BUSY_AT_START):
+                    raise AssertionError(
+                        f"{name} started on a card holding {nvml['device_before_gib']} GiB: list it in "
+                        "STEADY_NEIGHBOUR or BUSY_AT_START with what held the card, or (idle) take it out"
+                    )
+                if name in BUSY_AT_START:
+                    continue
                 spec = as_run(result["spec"], result.get("plan") or {})
                 own = nvml["device_peak_gib"] - nvml["device_before_gib"]
-                rows.append(Measured(f"{path.name}:{side}", spec, doc["model"], doc["device"], own, "device"))
+                rows.append(Measured(name, spec, doc["model"], doc["device"], own, "device"))
     return rows
 
 
