@@ -1,11 +1,14 @@
 """Benchmark (a): rollout-phase tokens/s of VLLMRollout ÷ standalone ``vllm.LLM.generate``, same prompts, same sampling.
 
-Three measurements of the same workload (``--prompts`` chat prompts × ``--n`` samples × up to ``--max-tokens``):
+Four measurements of the same workload (``--prompts`` chat prompts × ``--n`` samples × up to ``--max-tokens``):
 
 1. ``standalone``: a plain ``vllm.LLM(model, dtype, gpu_memory_utilization)`` with vLLM's defaults (multiprocess
    engine core, no sleep mode) in a child process, ``llm.generate(TokensPrompt..., SamplingParams(n, temperature,
    top_p, top_k, max_tokens))``: what a user of vLLM alone would run.
 2. ``raw_same_engine``: that ``generate`` call on VLLMRollout's own engine (in-process core, sleep mode on).
+   ``raw_log_probs_dict`` and ``raw_log_probs_flat``: the same call asking the sampled tokens' log-probs, read from
+   vLLM's dict of ``Logprob`` objects per token or from its ``FlatLogprobs`` lists (what VLLMRollout asks);
+   ``ratio_flat_vs_dict_log_probs`` is what the flat lists save.
 3. ``vllm_rollout``: ``VLLMRollout.generate`` (token ids in, padded tensors out), with and without log-probs.
 
 tokens/s = generated tokens (all samples, eos included) ÷ wall seconds of the call; median of ``--repeats`` calls
@@ -23,6 +26,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -190,8 +194,29 @@ def main() -> int:
         )
         return int(batch.response_mask.sum())
 
+    def raw_log_probs(flat: bool) -> Callable[[], int]:
+        """vLLM's own call asking the sampled tokens' log-probs, read as the trainer reads them: from a dict of
+        ``Logprob`` objects per token (vLLM's default) or from ``FlatLogprobs``' lists (what VLLMRollout asks)."""
+        asked = params.clone()
+        asked.logprobs, asked.flat_logprobs, asked.detokenize = 0, flat, False
+
+        def run() -> int:
+            outs = rollout.llm.generate(requests, asked, use_tqdm=False)
+            completions = [c for o in outs for c in o.outputs]
+            if flat:
+                return sum(len(c.logprobs.logprobs) for c in completions)
+            return sum(len([c.logprobs[i][t].logprob for i, t in enumerate(c.token_ids)]) for c in completions)
+
+        return run
+
     result["raw_same_engine"] = timed(raw, args.repeats)
     print("raw_same_engine:", json.dumps(result["raw_same_engine"]), flush=True)
+    for way in ("dict", "flat"):
+        result[f"raw_log_probs_{way}"] = timed(raw_log_probs(way == "flat"), args.repeats)
+        print(f"raw_log_probs_{way}:", json.dumps(result[f"raw_log_probs_{way}"]), flush=True)
+    result["ratio_flat_vs_dict_log_probs"] = round(
+        result["raw_log_probs_flat"]["tokens_per_s"] / result["raw_log_probs_dict"]["tokens_per_s"], 3
+    )
     result["vllm_rollout"] = timed(wrapped, args.repeats)
     print("vllm_rollout:", json.dumps(result["vllm_rollout"]), flush=True)
     rollout.calculate_log_probs = True
@@ -205,7 +230,14 @@ def main() -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"{'what':<28}{'tokens/s':>12}")
-    for key in ("standalone", "raw_same_engine", "vllm_rollout", "vllm_rollout_with_logprobs"):
+    for key in (
+        "standalone",
+        "raw_same_engine",
+        "raw_log_probs_dict",
+        "raw_log_probs_flat",
+        "vllm_rollout",
+        "vllm_rollout_with_logprobs",
+    ):
         if "tokens_per_s" in result.get(key, {}):
             print(f"{key:<28}{result[key]['tokens_per_s']:>12.0f}")
     print(
@@ -213,6 +245,8 @@ def main() -> int:
         result.get("ratio_vs_standalone"),
         " vs raw same engine:",
         result["ratio_vs_raw_same_engine"],
+        " log-probs flat vs dict:",
+        result["ratio_flat_vs_dict_log_probs"],
     )
     rollout.shutdown()
     return 0

@@ -201,6 +201,7 @@ class VLLMEngine:
             top_k=0 if greedy or top_k < 0 else top_k,
             max_tokens=max_new_tokens,
             logprobs=0 if want_logprobs else None,
+            flat_logprobs=True,  # lists per request, not a dict and a Logprob object per token (the GC's load)
             stop_token_ids=self.eos_ids,
             stop=list(stop) or None,
             include_stop_str_in_output=True,
@@ -288,10 +289,18 @@ class VLLMEngine:
 
     @staticmethod
     def _log_probs(completion: Any) -> list[float]:
-        """The log-probs of the tokens a vLLM ``CompletionOutput`` carries (asked for with ``logprobs=0``)."""
-        if completion.logprobs is None:
+        """The log-probs of the tokens a vLLM ``CompletionOutput`` carries, asked for with ``logprobs=0`` and
+        ``flat_logprobs``: vLLM's ``FlatLogprobs``, one entry per position, the sampled token's."""
+        flat, tokens = completion.logprobs, list(completion.token_ids)
+        if flat is None:
             raise RuntimeError("vLLM returned no log-probs although logprobs=0 was requested")
-        return [completion.logprobs[pos][tok].logprob for pos, tok in enumerate(completion.token_ids)]
+        if not tokens:  # a DELTA output without new tokens carries the request's whole list (vLLM slices it [-0:])
+            return []
+        if flat.token_ids != tokens:
+            raise RuntimeError(
+                f"vLLM's log-probs are of {len(flat.token_ids)} tokens, not of the {len(tokens)} sampled"
+            )
+        return list(flat.logprobs)
 
     def _to_batch(self, prompts: list[list[int]], samples: list[Sample]) -> RolloutBatch:
         if len(samples) != len(prompts):
