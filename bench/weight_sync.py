@@ -8,7 +8,9 @@ bf16 mixed precision over fp32 masters, as the trainer builds it) and a VLLMRoll
     engine asleep (level 2) → update_weights(full_named_parameters(actor))   # wakes weights, gathers, casts, loads
                             → wake()                                         # KV cache back
 
-timed per phase, median of ``--repeats``, for each ``--bucket-mb``. The floor is one bf16 copy of the weights:
+timed per phase, median of ``--repeats``, for each ``--bucket-mb`` through vLLM's loader (the baseline), then
+through the direct copies recorded from the first load (``direct``, kuberl.trainer.rollout.direct_load), whose
+result is checked to equal the loader's parameter for parameter (``direct_equals_loader``). The floor is one bf16 copy of the weights:
 ``2 × bytes / bandwidth`` where bandwidth counts bytes read plus written by a large ``copy_``. Correctness: the
 engine's prompt log-probs of a fixed sequence after the sync are compared with the actor's forward.
 
@@ -119,8 +121,7 @@ def measure_one(name: str, bucket_mbs: list[int], repeats: int) -> dict:
         "by_bucket_mb": {},
     }
 
-    def sync(bucket_mb: int) -> dict:
-        engine.bucket_bytes = bucket_mb * 2**20
+    def sync() -> dict:
         engine.sleep()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -133,24 +134,43 @@ def measure_one(name: str, bucket_mbs: list[int], repeats: int) -> dict:
         return {"wake_weights_gather_load_s": t1 - t0, "wake_kv_cache_s": t2 - t1, "total_s": t2 - t0}
 
     # the load phase alone, engine awake (no allocator work): the part the floor describes
-    def load_only(bucket_mb: int) -> float:
-        engine.bucket_bytes = bucket_mb * 2**20
+    def load_only() -> float:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         engine.update_weights(fsdp.full_named_parameters(actor))
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 
-    for bucket_mb in bucket_mbs:
-        sync(bucket_mb)  # warm-up
-        runs = [sync(bucket_mb) for _ in range(repeats)]
-        loads = [load_only(bucket_mb) for _ in range(repeats)]
+    def measured(label: str) -> dict:
+        sync()  # warm-up
+        runs = [sync() for _ in range(repeats)]
+        loads = [load_only() for _ in range(repeats)]
         summary = {key: round(statistics.median(r[key] for r in runs), 4) for key in runs[0]}
         summary["load_only_awake_s"] = round(statistics.median(loads), 4)
         summary["load_only_over_floor"] = round(summary["load_only_awake_s"] / floor_s, 1)
         summary["load_only_gb_s"] = round(bytes_bf16 / summary["load_only_awake_s"] / 1e9, 1)
-        result["by_bucket_mb"][str(bucket_mb)] = summary
-        print(name, bucket_mb, "MiB:", json.dumps(summary), flush=True)
+        print(name, label, json.dumps(summary), flush=True)
+        return summary
+
+    def engine_weights() -> list:
+        return engine.llm.apply_model(lambda model: [p.detach().clone() for p in model.parameters()])[0]
+
+    engine.update_weights(fsdp.full_named_parameters(actor))  # the first load: vLLM's loader, its calls recorded
+    plan = engine.load_plan
+    result["direct_refused"] = engine.load_plan_refused
+    for bucket_mb in bucket_mbs:  # the baseline: vLLM's loader, bucket by bucket
+        engine.load_plan, engine.load_plan_refused = None, "the benchmark's baseline"
+        engine.bucket_bytes = bucket_mb * 2**20
+        result["by_bucket_mb"][str(bucket_mb)] = measured(f"vLLM's loader, {bucket_mb} MiB buckets:")
+    if plan is not None:
+        by_loader = engine_weights()
+        engine.load_plan, engine.load_plan_refused = plan, None
+        result["direct"] = measured("direct copies:")
+        result["direct_equals_loader"] = all(
+            torch.equal(a, b) for a, b in zip(by_loader, engine_weights(), strict=True)
+        )
+        best = min(r["load_only_awake_s"] for r in result["by_bucket_mb"].values())
+        result["direct_load_speedup"] = round(best / result["direct"]["load_only_awake_s"], 2)
 
     gib_awake = gpu_memory_in_use_gib()
     engine.sleep()
@@ -226,11 +246,16 @@ def main() -> int:
         if "error" in r:
             print(r["model"], r["error"])
             continue
-        for bucket, s in r["by_bucket_mb"].items():
+        ways = {**r["by_bucket_mb"], **({"direct": r["direct"]} if "direct" in r else {})}
+        for way, s in ways.items():
             print(
                 f"{r['model']:<12}{r['params']:>12,}{r['bytes_sent_bf16'] / 1e6:>10.0f}{r['floor_s'] * 1e3:>10.2f}"
-                f"{bucket:>8}{s['total_s']:>9.3f}{s['load_only_awake_s']:>9.3f}"
+                f"{way:>8}{s['total_s']:>9.3f}{s['load_only_awake_s']:>9.3f}"
             )
+        print(
+            f"{r['model']}: direct copies {r.get('direct_load_speedup')}x the best bucket's load, equal to vLLM's "
+            f"loader: {r.get('direct_equals_loader')}; refused: {r.get('direct_refused')}"
+        )
     return 0
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -34,6 +35,7 @@ import torch
 from torch import Tensor
 
 from kuberl.trainer.rollout.base import ColocatedRollout, RolloutBatch, left_pad, response_mask_from_eos
+from kuberl.trainer.rollout.direct_load import LoadPlan, LoadRecorder
 from kuberl.trainer.rollout.weight_sync import (
     DEFAULT_BUCKET_MB,
     VLLM_TRANSPORTS,
@@ -44,6 +46,7 @@ from kuberl.trainer.rollout.weight_sync import (
 )
 
 LOGPROBS_MODE = "processed_logprobs"
+logger = logging.getLogger(__name__)
 
 # vLLM reads these when the engine is built; set them before importing it (a user's own value wins).
 _ENGINE_ENV = {
@@ -350,6 +353,10 @@ class VLLMRollout(VLLMEngine, ColocatedRollout):
         self.bucket_bytes = bucket_mb * 1024 * 1024
         self.sleep_level = sleep_level
         self._asleep: set[str] = set()
+        self.load_plan: LoadPlan | None = None
+        """vLLM's first weight load, recorded and checked: later loads replay it (:mod:`.direct_load`)."""
+        self.load_plan_refused: str | None = None
+        """Why the first load's records could not be replayed (the loads keep vLLM's loader)."""
         super().__init__(model_path, **kwargs)
 
     def placement_kwargs(self, *, seed: int, tensor_parallel_size: int) -> dict[str, Any]:
@@ -392,22 +399,38 @@ class VLLMRollout(VLLMEngine, ColocatedRollout):
 
     # --- weights ----------------------------------------------------------------------------------------------
 
-    def load_bucket(self, bucket: Bucket) -> None:
-        """One bucket of full tensors (HF names) into the engine's model, on the engine's GPU."""
-        self.llm.apply_model(lambda model: model.load_weights(bucket))
+    def load_bucket(self, bucket: Bucket, recorder: LoadRecorder | None = None) -> None:
+        """One bucket of full tensors (HF names) into the engine's model, on the engine's GPU (vLLM's loader, its
+        calls recorded by ``recorder``)."""
+        if recorder is None:
+            self.llm.apply_model(lambda model: model.load_weights(bucket))
+        else:
+            self.llm.apply_model(lambda model: recorder.load(model, bucket))
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
-        """Stream ``named_tensors`` into the engine in buckets; a sleeping engine wakes only its weight memory.
+        """Load ``named_tensors`` into the engine; a sleeping engine wakes only its weight memory.
 
-        ``named_tensors`` is consumed lazily, so a generator of FSDP ``full_tensor()`` gathers (e.g.
-        ``fsdp.full_named_parameters``) keeps at most one bucket of full tensors alive.
+        The first load goes through vLLM's loader in buckets, recorded; when the records explain it
+        (:mod:`~kuberl.trainer.rollout.direct_load`), later loads copy each tensor straight into its place. Either
+        way ``named_tensors`` is consumed lazily, so a generator of FSDP gathers (``fsdp.full_named_parameters``)
+        keeps at most one bucket of full tensors alive (one tensor on the direct path).
         """
         self._wake({"weights"})
-        for bucket in bucketed(rollout_named_tensors(named_tensors, tied=self.tied), self.bucket_bytes):
-            flat = flatten(bucket, dtype=self.dtype, device=self.device)  # one cast and copy per bucket
-            del bucket
-            self.load_bucket(flat.tensors())
+        named = rollout_named_tensors(named_tensors, tied=self.tied)
+        if self.load_plan is not None:
+            self.load_plan.load(named)
+        else:
+            recorder = LoadRecorder() if self.load_plan_refused is None else None
+            for bucket in bucketed(named, self.bucket_bytes):
+                flat = flatten(bucket, dtype=self.dtype, device=self.device)  # one cast and copy per bucket
+                del bucket
+                self.load_bucket(flat.tensors(), recorder)
+            if recorder is not None:
+                self.load_plan = self.llm.apply_model(recorder.plan)[0]
+                self.load_plan_refused = recorder.refused
+                if recorder.refused is not None:
+                    logger.warning("weight loads keep vLLM's loader: %s", recorder.refused)
         self._weights_stale = False
         if not self._asleep:
             self.llm.reset_prefix_cache()  # cached KV was computed with the old weights

@@ -3,10 +3,12 @@
 Two paths, one per ``rollout.placement``:
 
 - ``colocated``: every trainer rank owns a vLLM engine on its own GPU. Each rank gathers the FSDP2 shards
-  parameter by parameter (``full_tensor()``, a collective: every rank iterates in the same order), groups the full
-  tensors into buckets of ``bucket_mb``, packs each bucket into one buffer in the rollout dtype (:class:`FlatBucket`)
-  and hands views of it to its engine (``load_weights``) before the next one is gathered, so at most one bucket of
-  full tensors exists beside the shards.
+  parameter by parameter (``full_tensor()``, a collective: every rank iterates in the same order; on one rank the
+  local shard), groups the full tensors into buckets of ``bucket_mb``, packs each bucket into one buffer in the
+  rollout dtype (:class:`FlatBucket`) and hands views of it to its engine (``load_weights``) before the next one is
+  gathered, so at most one bucket of full tensors exists beside the shards. That first load is recorded; when the
+  records explain it, later loads copy each tensor straight into the engine's parameters
+  (:mod:`kuberl.trainer.rollout.direct_load`).
 - ``separate``: the engines live in their own Ray actors. On GPUs of their own, trainer rank 0 and every engine
   worker join one NCCL group (vLLM's ``nccl`` weight-transfer backend on both ends); rank 0 broadcasts packed
   buffers of ``bucket_mb`` and the engines unpack them into ``load_weights``. Sharing the trainer's GPUs, the
