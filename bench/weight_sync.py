@@ -10,8 +10,8 @@ bf16 mixed precision over fp32 masters, as the trainer builds it) and a VLLMRoll
 
 timed per phase, median of ``--repeats``, for each ``--bucket-mb`` through vLLM's loader (the baseline), then
 through the direct copies recorded from the first load (``direct``, kuberl.trainer.rollout.direct_load), whose
-result is checked to equal the loader's parameter for parameter (``direct_equals_loader``). The floor is one bf16 copy of the weights:
-``2 × bytes / bandwidth`` where bandwidth counts bytes read plus written by a large ``copy_``. Correctness: the
+result is checked to equal the loader's parameter for parameter (``direct_equals_loader``). The floor is one bf16
+copy of the weights: ``2 × bytes / bandwidth`` where bandwidth counts bytes read plus written by a large ``copy_``. Correctness: the
 engine's prompt log-probs of a fixed sequence after the sync are compared with the actor's forward.
 
     python bench/weight_sync.py --models smollm2 qwen2-0.5b --out bench/results/weight_sync.json
