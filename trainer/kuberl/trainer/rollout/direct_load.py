@@ -56,6 +56,8 @@ class LoadPlan:
                 )
             seen.add(name)
             for target in targets:
+                if target.shape != tensor.shape:  # copy_ would broadcast a smaller tensor without a word
+                    raise RuntimeError(f"weight load: {name!r} is {tuple(tensor.shape)}, {tuple(target.shape)} before")
                 target.copy_(tensor)
         missing = sorted(self.copies.keys() - seen)
         if missing:
