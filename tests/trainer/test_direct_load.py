@@ -40,11 +40,11 @@ def fused_loader(model: VllmLike, name: str, tensor: Tensor) -> None:
 class VllmLike(nn.Module):
     """Parameters laid out as vLLM lays them out (fused, padded), loaded by ``loader`` one tensor at a time."""
 
-    def __init__(self, loader: Loader = fused_loader) -> None:
+    def __init__(self, loader: Loader = fused_loader, norm_dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__()
         self.qkv = nn.Parameter(torch.zeros(HIDDEN + 2 * KV, HIDDEN, dtype=torch.bfloat16))
         self.embed = nn.Parameter(torch.zeros(PADDED, HIDDEN, dtype=torch.bfloat16))
-        self.norm = nn.Parameter(torch.zeros(HIDDEN, dtype=torch.bfloat16))
+        self.norm = nn.Parameter(torch.zeros(HIDDEN, dtype=norm_dtype))
         self.loader = loader
 
     def load_weights(self, weights: list[tuple[str, Tensor]]) -> None:
@@ -73,8 +73,8 @@ def first_load(model: VllmLike, bucket_bytes: int = 200) -> LoadRecorder:
     return recorder
 
 
-def loaded_by_vllm(weights: list[tuple[str, Tensor]]) -> dict[str, Tensor]:
-    model = VllmLike()
+def loaded_by_vllm(weights: list[tuple[str, Tensor]], norm_dtype: torch.dtype = torch.bfloat16) -> dict[str, Tensor]:
+    model = VllmLike(norm_dtype=norm_dtype)
     model.load_weights([(name, tensor.to(torch.bfloat16)) for name, tensor in weights])
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
@@ -93,6 +93,16 @@ def test_the_replay_puts_every_tensor_where_vllms_loader_puts_it() -> None:
     expected = loaded_by_vllm(new)
     for name, p in model.named_parameters():
         assert torch.equal(p, expected[name]), name
+
+
+def test_a_parameter_kept_in_float32_gets_the_rollout_dtypes_rounding_as_from_vllms_loader() -> None:
+    model = VllmLike(norm_dtype=torch.float32)
+    plan = first_load(model).plan(model)
+    assert plan is not None and plan.dtype == torch.bfloat16
+    new = hf_weights(1)
+    plan.load(new)
+    assert torch.equal(model.norm, loaded_by_vllm(new, torch.float32)["norm"])
+    assert not torch.equal(model.norm, dict(new)["norm.weight"])  # the float32 master itself would differ
 
 
 def test_one_bucket_or_many_record_the_same_plan() -> None:

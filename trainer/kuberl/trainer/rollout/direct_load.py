@@ -41,6 +41,9 @@ class LoadPlan:
     copies: dict[str, tuple[Tensor, ...]]
     """Hugging Face name → the parameter views it is copied into (none: vLLM's loader ignores it)."""
     fills: tuple[Fill, ...]
+    dtype: torch.dtype
+    """The dtype the first load sent (the rollout dtype): a parameter kept in another dtype gets the tensor rounded
+    to this one first, as vLLM's loader got it."""
 
     @torch.no_grad()
     def load(self, named: Named) -> None:
@@ -58,7 +61,7 @@ class LoadPlan:
             for target in targets:
                 if target.shape != tensor.shape:  # copy_ would broadcast a smaller tensor without a word
                     raise RuntimeError(f"weight load: {name!r} is {tuple(tensor.shape)}, {tuple(target.shape)} before")
-                target.copy_(tensor)
+                target.copy_(tensor if target.dtype == self.dtype else tensor.to(self.dtype))
         missing = sorted(self.copies.keys() - seen)
         if missing:
             raise RuntimeError(f"weight load: {len(missing)} tensors of the first load were not sent: {missing[:5]}")
@@ -76,6 +79,8 @@ class LoadRecorder(TorchFunctionMode):
         self.fills: list[Fill] = []
         self.refused: str | None = None
         """Why the records cannot stand for the load (the first reason found); None while they can."""
+        self.dtypes: set[torch.dtype] = set()
+        """The dtypes of the sent tensors."""
         self._sources: dict[tuple[int, tuple[int, ...], tuple[int, ...]], str] = {}
 
     def __torch_function__(
@@ -112,6 +117,7 @@ class LoadRecorder(TorchFunctionMode):
             if tensor.numel() == 1:  # vLLM's default loader fills a one-element parameter with the value, no copy
                 self._refuse(f"{name!r} has one element")
             self.copies.setdefault(name, [])
+            self.dtypes.add(tensor.dtype)
         with self:
             model.load_weights(bucket)  # type: ignore[operator]
         sent = dict(bucket)
@@ -137,11 +143,14 @@ class LoadRecorder(TorchFunctionMode):
         for fill in self.fills:
             if not bool((fill.target == fill.value).all()):
                 self._refuse("a filled region was overwritten after its fill")
+        if len(self.dtypes) != 1:
+            self._refuse(f"the tensors were sent in {len(self.dtypes)} dtypes, not one")
         if self.refused is not None:
             return None
         return LoadPlan(
             copies={name: tuple(targets) for name, targets in self.copies.items()},
             fills=tuple(fill for fill in self.fills if fill.target.numel()),
+            dtype=next(iter(self.dtypes)),
         )
 
     def _refuse(self, why: str) -> None:
