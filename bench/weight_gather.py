@@ -1,15 +1,17 @@
-"""The gather half of a colocated weight sync, three ways, on one GPU: what one collective per parameter costs.
+"""The gather half of a colocated weight sync, four ways, on one GPU: what one collective per parameter costs.
 
 The colocated sync (bench/weight_sync.py) spent ~0.125 ms a tensor at any size, far above the copy floor. Its
 first half is the trainer's gather, ``fsdp.full_named_parameters``, then the cast to the rollout's bf16. This script
-times three ways on the trainer's own FSDP2 sharding (``fsdp.shard``, bf16 compute over fp32 weights):
+times four ways on the trainer's own FSDP2 sharding (``fsdp.shard``, bf16 compute over fp32 weights):
 
 - ``per_parameter``: one ``full_tensor()`` all-gather per parameter: the trainer's path over several ranks, and on one
   rank before it read the local shard (the baseline of every ratio printed);
 - ``per_module``: ``unshard()`` each FSDP module once (one all-gather of its whole parameter group, already in the
   compute dtype), copy its parameters out, ``reshard()``;
 - ``local``: ``fsdp.full_named_parameters`` as the trainer runs it; on one rank the local shard is the whole tensor,
-  read without a collective.
+  read without a collective;
+- ``local_detached_first``: the same read with each parameter detached before it, as the trainer did until
+  2026-12-07 (``detach()`` of a DTensor goes through its dispatch: the difference to ``local`` is that cost).
 
 Each way's tensors are checked equal to the baseline's. Median of ``--repeats`` after one warm-up.
 
@@ -36,7 +38,7 @@ from torch.distributed.tensor import DTensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.shapes import random_causal_lm
-from kuberl.trainer.model.fsdp import full_named_parameters, shard
+from kuberl.trainer.model.fsdp import full_named_parameters, full_tensor, shard
 from kuberl.trainer.rollout.weight_sync import free_port
 
 ROLLOUT_DTYPE = torch.bfloat16
@@ -73,7 +75,17 @@ def local(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
         yield name, tensor.to(ROLLOUT_DTYPE)
 
 
-WAYS: dict[str, Gather] = {"per_parameter": per_parameter, "per_module": per_module, "local": local}
+def local_detached_first(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    for name, param in model.named_parameters():
+        yield name, full_tensor(param.detach()).to(ROLLOUT_DTYPE)
+
+
+WAYS: dict[str, Gather] = {
+    "per_parameter": per_parameter,
+    "per_module": per_module,
+    "local": local,
+    "local_detached_first": local_detached_first,
+}
 
 
 def timed(gather: Gather, model: nn.Module, repeats: int) -> tuple[float, dict[str, Tensor]]:

@@ -20,6 +20,6 @@ def test_every_way_gathers_the_same_weights(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = json.loads(out.read_text())["models"]
     assert row["model"] == "smollm2-shape" and row["tensors"] > 0
-    assert sorted(row["ways"]) == ["local", "per_module", "per_parameter"]
+    assert sorted(row["ways"]) == ["local", "local_detached_first", "per_module", "per_parameter"]
     assert all(way["equal_to_baseline"] for way in row["ways"].values())
     assert row["ways"]["per_parameter"]["baseline_over_this"] == 1.0
