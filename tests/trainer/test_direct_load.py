@@ -79,6 +79,14 @@ def loaded_by_vllm(weights: list[tuple[str, Tensor]], norm_dtype: torch.dtype = 
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
+def refusal(loader: Loader) -> str | None:
+    """Why the first load through ``loader`` is not replayed: no plan, and the recorder's reason."""
+    model = VllmLike(loader)
+    recorder = first_load(model)
+    assert recorder.plan(model) is None
+    return recorder.refused
+
+
 def test_the_replay_puts_every_tensor_where_vllms_loader_puts_it() -> None:
     model = VllmLike()
     recorder = first_load(model)
@@ -119,10 +127,7 @@ def test_a_loader_that_changes_the_values_after_copying_is_not_replayed() -> Non
         if name == "norm.weight":
             model.norm.data.mul_(2)
 
-    model = VllmLike(scaling)
-    recorder = first_load(model)
-    assert recorder.plan(model) is None
-    assert recorder.refused == "'norm.weight' landed changed (the loader transforms it after the copy)"
+    assert refusal(scaling) == "'norm.weight' landed changed (the loader transforms it after the copy)"
 
 
 def test_a_parameter_the_loader_leaves_unwritten_is_not_replayed() -> None:
@@ -130,10 +135,7 @@ def test_a_parameter_the_loader_leaves_unwritten_is_not_replayed() -> None:
         if name != "norm.weight":
             fused_loader(model, name, tensor)
 
-    model = VllmLike(skips_norm)
-    recorder = first_load(model)
-    assert recorder.plan(model) is None
-    assert recorder.refused == "parameter norm: 8 elements no copy or fill wrote, 0 written twice"
+    assert refusal(skips_norm) == "parameter norm: 8 elements no copy or fill wrote, 0 written twice"
 
 
 def test_a_copy_of_part_of_a_tensor_is_not_replayed() -> None:
@@ -143,10 +145,7 @@ def test_a_copy_of_part_of_a_tensor_is_not_replayed() -> None:
         else:
             fused_loader(model, name, tensor)
 
-    model = VllmLike(tensor_parallel)
-    recorder = first_load(model)
-    assert recorder.plan(model) is None
-    assert recorder.refused == "the loader copied (4, 8) from something other than a whole sent tensor"
+    assert refusal(tensor_parallel) == "the loader copied (4, 8) from something other than a whole sent tensor"
 
 
 def test_a_fill_with_a_value_is_not_replayed() -> None:
@@ -155,10 +154,7 @@ def test_a_fill_with_a_value_is_not_replayed() -> None:
         if name == "embed.weight":
             model.embed[VOCAB:].data.fill_(1.0)
 
-    model = VllmLike(fills_one)
-    recorder = first_load(model)
-    assert recorder.plan(model) is None
-    assert recorder.refused == "the loader filled a region with 1.0, not zero"
+    assert refusal(fills_one) == "the loader filled a region with 1.0, not zero"
 
 
 def test_two_copies_into_the_same_rows_are_not_replayed_even_from_two_buckets() -> None:
@@ -167,10 +163,7 @@ def test_two_copies_into_the_same_rows_are_not_replayed_even_from_two_buckets() 
         if name == "layer.v_proj.weight":  # v also over k's rows, in the bucket after k's (k's own check passed)
             model.qkv.data.narrow(0, HIDDEN, KV).copy_(tensor)
 
-    model = VllmLike(overlapping)
-    recorder = first_load(model)
-    assert recorder.plan(model) is None
-    assert recorder.refused == "parameter qkv: 0 elements no copy or fill wrote, 32 written twice"
+    assert refusal(overlapping) == "parameter qkv: 0 elements no copy or fill wrote, 32 written twice"
 
 
 @pytest.mark.parametrize(
