@@ -355,19 +355,12 @@ def run_side(
     """Run one side in its own process group, stdout and stderr to ``log_dir/NAME.{out,err}``, with the card's
     memory sampled meanwhile (``nvml``)."""
     out_path, err_path = log_dir / f"{name}.out", log_dir / f"{name}.err"
+    logs = {"command": " ".join(cmd), "stdout_log": str(out_path), "stderr_log": str(err_path)}
     busy = busy_card()
     if busy is not None:
         out_path.write_text("")
         err_path.write_text(busy + "\n")
-        return {
-            "command": " ".join(cmd),
-            "exit_code": None,
-            "wall_s": 0.0,
-            "stdout_log": str(out_path),
-            "stderr_log": str(err_path),
-            "nvml": {},
-            "error": f"{name} not run: {busy}",
-        }
+        return {**logs, "exit_code": None, "wall_s": 0.0, "nvml": {}, "error": f"{name} not run: {busy}"}
     start = time.perf_counter()
     with out_path.open("w") as out, err_path.open("w") as err, DeviceMemory() as memory:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=cwd, start_new_session=True)
@@ -382,11 +375,9 @@ def run_side(
                 proc.wait()
             code = None
     info: dict[str, Any] = {
-        "command": " ".join(cmd),
+        **logs,
         "exit_code": code,
         "wall_s": round(time.perf_counter() - start, 1),
-        "stdout_log": str(out_path),
-        "stderr_log": str(err_path),
         "nvml": memory.as_dict(),
     }
     if code != 0:
