@@ -100,6 +100,7 @@ SYNC = {
     "timing_s/update_weights": 0.1,
     "perf/max_memory_allocated_gb": 36.3,
     "perf/max_memory_reserved_gb": 47.5,
+    "perf/alloc_retries": 0.0,
 }
 
 
@@ -107,6 +108,7 @@ def test_kuberls_metrics_become_steps_by_phase() -> None:
     (step,) = kuberl_steps([{"step": 0, "val": 1.0}, SYNC], overlap=False)
     assert (step["tokens"], step["seconds"], step["tokens_per_s"]) == (76000, 4.0, 19000.0)
     assert step["trainer_gib"] == {"allocated": 36.3, "reserved": 47.5}
+    assert step["alloc_retries"] == 0.0
     assert step["breakdown_s"] == {
         "generation": 2.0,
         "reward": 0.1,

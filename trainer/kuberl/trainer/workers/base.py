@@ -280,13 +280,15 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def device_stats(device: torch.device) -> dict[str, float]:
-    """torch's peak allocated memory (GPU) and, when ``pynvml`` is importable, NVML utilisation (mean over the step)
-    and memory in use (largest over the step, and now)."""
+    """torch's peak allocated memory (GPU), its allocator's retries after freeing its cache and, when ``pynvml`` is
+    importable, NVML utilisation (mean over the step) and memory in use (largest over the step, and now)."""
     stats: dict[str, float] = {}
     if device.type != "cuda":
         return stats
     stats["max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
     stats["max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 2**30
+    # > 0: the caching allocator met the card's limit and freed its cache to go on, so the card's peak is the card's
+    stats["alloc_retries"] = float(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
     try:
         import pynvml
 
