@@ -581,7 +581,10 @@ def step_record(metrics: dict[str, Any], phases: dict[str, tuple[str, ...]], sta
         "staleness": metrics.get(staleness),
         "breakdown_s": phase_breakdown(metrics, phases, "timing_s/step"),
         # PyTorch's peaks in the trainer (GiB): a plan's miss split between allocations and the allocator's reserve
-        "trainer_gib": {what: metrics.get(f"perf/max_memory_{what}_gb") for what in ("allocated", "reserved")},
+        "trainer_gib": {
+            **{what: metrics.get(f"perf/max_memory_{what}_gb") for what in ("allocated", "reserved")},
+            "engine_pool": metrics.get("perf/engine_pool_gb"),  # a colocated engine's, inside the two above
+        },
         # > 0: the trainer's allocator filled the card and freed its cache, so the card's peak is not the side's need
         "alloc_retries": metrics.get("perf/alloc_retries"),
     }

@@ -37,6 +37,7 @@ VERL_KEYS = {
     "perf/mfu/actor",
     "perf/max_memory_allocated_gb",
     "perf/max_memory_reserved_gb",
+    "perf/engine_pool_gb",  # a colocated engine's pool, inside the two above
     "timing_s/update_weights",
     "rollout/staleness",
     "rollout/engines",  # the engines the trainer generates with (issue 36; status.progress.rolloutEngines)

@@ -141,6 +141,10 @@ def test_level2_sleep_releases_memory_and_reloaded_weights_give_identical_greedy
     engine.sleep()
     slept_s = time.perf_counter() - start
     asleep = gpu_memory_in_use_gib()
+    # the pool's memory is released, its allocations stay in PyTorch's counters (perf/engine_pool_gb says how much)
+    pool_gib = engine.pool_bytes / 2**30
+    assert pool_gib > 0.5 * 0.25 * torch.cuda.mem_get_info()[1] / 2**30
+    assert torch.cuda.memory_reserved() / 2**30 >= pool_gib
     with pytest.raises(RuntimeError, match="update_weights"):
         engine.generate(prompts, 1, temperature=0.0, max_new_tokens=4)
     state = hf_model.state_dict()
@@ -159,6 +163,7 @@ def test_level2_sleep_releases_memory_and_reloaded_weights_give_identical_greedy
             "gib_in_use_awake": round(awake, 3),
             "gib_in_use_asleep_level2": round(asleep, 3),
             "gib_released_by_sleep": round(engine_memory, 3),
+            "engine_pool_gib_asleep": round(pool_gib, 3),
             "sleep_s": round(slept_s, 3),
             "wake_weights_and_load_s": round(loaded_s, 3),
             "wake_kv_cache_s": round(woke_s, 3),

@@ -521,14 +521,20 @@ def gpu_dashboard() -> dict[str, Any]:
         timeseries(
             "Trainer peak memory",
             "torch's peak allocated and reserved GPU memory over the training "
-            "ranks (perf/max_memory_allocated_gb, perf/max_memory_reserved_gb); close to the GPU's size "
-            "means a longer batch may OOM (lower ppoMicroBatchSizePerGPU or enable offload).",
+            "ranks (perf/max_memory_allocated_gb, perf/max_memory_reserved_gb); with a colocated vLLM engine "
+            "both include its pool (weights and KV cache, perf/engine_pool_gb), counted even while it sleeps: "
+            "subtract it for the trainer's own. Close to the GPU's size means a longer batch may OOM (lower "
+            "ppoMicroBatchSizePerGPU or enable offload).",
             targets(
                 (
                     f"max by (rljob) ({kuberl('kuberl_perf_max_memory_allocated_bytes')})",
                     "allocated {{rljob}}",
                 ),
                 (f"max by (rljob) ({kuberl('kuberl_perf_max_memory_reserved_bytes')})", "reserved {{rljob}}"),
+                (
+                    f"max by (rljob) ({kuberl('kuberl_perf_engine_pool_bytes')})",
+                    "colocated engine's pool {{rljob}}",
+                ),
             ),
             "bytes",
             min_=0,

@@ -131,3 +131,9 @@ class ColocatedRollout(Rollout):
     def needs_weights(self) -> bool:
         """True when the engine holds no weights (e.g. after a sleep that dropped them) until update_weights."""
         return False
+
+    @property
+    def pool_bytes(self) -> int:
+        """Device memory the engine holds through an allocator of its own, which PyTorch's memory counters include
+        even while the engine sleeps (0 for a backend without one)."""
+        return 0

@@ -473,6 +473,14 @@ class VLLMRollout(VLLMEngine, ColocatedRollout):
     def asleep(self) -> bool:
         return bool(self._asleep)
 
+    @property
+    def pool_bytes(self) -> int:
+        """The bytes of vLLM's sleep-mode allocations (weights, KV cache): they stay in PyTorch's counters while the
+        engine sleeps, though their memory is released."""
+        from vllm.device_allocator.cumem import CuMemAllocator
+
+        return int(CuMemAllocator.get_instance().get_current_usage())
+
 
 class SeparateVLLMEngine(VLLMEngine):
     """A separate engine (in a :class:`VLLMEngineActor`): it never sleeps, and the trainer ranks send it weights

@@ -279,7 +279,10 @@ class ActorWorker(DistributedWorker):
         }
 
     def device_stats(self) -> dict[str, float]:
-        return device_stats(self.device)
+        stats = device_stats(self.device)
+        if stats and self.rollout is not None:  # its pool sits inside the allocator peaks above: reported apart
+            stats["engine_pool_gb"] = self.rollout.pool_bytes / 2**30
+        return stats
 
     def device_name(self) -> str:
         return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
