@@ -309,10 +309,8 @@ def _processes(pynvml: Any, handle: Any) -> dict[int, int]:
 def gpu_name() -> str | None:
     if not shutil.which("nvidia-smi"):
         return None
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], check=False, capture_output=True, text=True
-    )
-    return out.stdout.splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else None
+    names = _nvidia_smi("--query-gpu=name")
+    return names.splitlines()[0].strip() if names.strip() else None
 
 
 def busy_card() -> str | None:
