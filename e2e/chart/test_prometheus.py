@@ -78,6 +78,7 @@ STEP: dict[str, float] = {
     "perf/mfu/actor": 0.31,
     "perf/max_memory_allocated_gb": 61.2,
     "perf/max_memory_reserved_gb": 70.4,
+    "perf/engine_pool_gb": 23.5,  # the colocated engine's, inside the two above
     "val-core/openai/gsm8k/reward/mean@1": 0.58,
     **{f"gpu/{rank}/utilization": 90.0 + rank for rank in range(8)},
     **{f"gpu/{rank}/memory_used_gb": 70.0 + rank / 10 for rank in range(8)},
