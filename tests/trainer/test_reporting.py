@@ -7,12 +7,9 @@ from pathlib import Path
 import yaml
 
 from kuberl.api import parse_spec
-from kuberl.trainer.algorithms.kl import make_kl_controller
 from kuberl.trainer.checkpoint import files as ckpt
-from kuberl.trainer.checkpoint.checkpointer import Checkpointer
+from kuberl.trainer.checkpoint.checkpointer import select_resume
 from kuberl.trainer.checkpoint.folder import CheckpointFolder
-from kuberl.trainer.data.prompts import PromptDataset, PromptLoader, load_rows
-from kuberl.trainer.model.loading import load_tokenizer
 from kuberl.trainer.observe.reporting import Reporting
 from kuberl.trainer.observe.status import StatusReporter
 from tests.trainer.test_checkpoint import seal
@@ -26,12 +23,6 @@ def tiny_spec(checkpoint_dir: Path):
     spec["trainer"].update(checkpointDir=str(checkpoint_dir), metricsPort=0, loggers=["jsonl"])
     spec["data"]["trainFiles"] = [str(REPO / f) for f in spec["data"]["trainFiles"]]
     return parse_spec(spec)
-
-
-def loader(spec) -> PromptLoader:
-    rows = load_rows(spec.data.train_files, prompt_key=spec.data.prompt_key)[: spec.batch.train_batch_size]
-    dataset = PromptDataset(rows, load_tokenizer(spec.model.path), max_prompt_length=64, filter_overlong=False)
-    return PromptLoader(dataset, spec.batch.train_batch_size, seed=spec.data.seed)
 
 
 def reporting(tmp_path: Path, api: FakeApi, core: FakeCore | None = None) -> Reporting:
@@ -75,18 +66,8 @@ def test_a_damaged_checkpoint_is_skipped_with_a_console_warning_and_an_event(tmp
     core = FakeCore()
     held = CheckpointFolder(spec, rljob="tiny")
     held.take()
-    checkpoints = Checkpointer(
-        spec,
-        folder=held,
-        roles=[],
-        ranks=1,
-        params=(0, 0),
-        loader=loader(spec),
-        kl_ctrl=make_kl_controller("fixed", 0.0, None, None),
-        total_steps=40,
-        reporting=reporting(tmp_path, FakeApi(), core),
-    )
-    assert checkpoints.resume() == 0 and checkpoints.last is None
+    start = select_resume(spec, held, reporting(tmp_path, FakeApi(), core))
+    assert start.folder is None and start.step == 0
     assert f"warning: checkpoint {folder} is damaged and was skipped" in capsys.readouterr().out
     ((_, event),) = core.events
     assert event["reason"] == "CheckpointDamaged" and "truncated" in event["message"]

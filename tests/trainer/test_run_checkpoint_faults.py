@@ -34,6 +34,10 @@ def write(path: Path, doc: dict[str, Any]) -> Path:
     return path
 
 
+RAY_STARTED = "Started a local Ray instance"
+"""Ray's log line as an embedded Ray starts."""
+
+
 def entrypoint_command(spec_file: Path, tmp_path: Path) -> list[str]:
     """The RayJob's entrypoint as the operator renders it, on an embedded Ray (`--address ""`)."""
     command = [sys.executable, "-m", "kuberl.trainer.run", "--spec-file", str(spec_file), "--name", "faults"]
@@ -144,6 +148,7 @@ def test_a_finished_run_says_it_trained_nothing_a_changed_batch_is_refused_for_g
     assert "\r" not in err and "step/s" not in err  # no tqdm bar in a file
     assert "run faults: 2 steps in" in finished and "now at step 2 of 2" in finished
     assert f"kuberl export {run_dir} hf/faults" in finished
+    assert RAY_STARTED in err
 
     new_lr = job(folder, totalSteps=2)
     new_lr["spec"]["actor"] = {"optim": {"lr": 1e-3}}
@@ -151,6 +156,7 @@ def test_a_finished_run_says_it_trained_nothing_a_changed_batch_is_refused_for_g
     assert code == 0, err[-3000:]
     assert "\r" not in err and "step/s" not in err
     assert "nothing to train: resumed at step 2, which is trainer.totalSteps (2)" in again
+    assert RAY_STARTED not in err  # decided from the checkpoint before any worker starts
 
     batch = job(folder, totalSteps=4)
     batch["spec"]["batch"]["ppoMicroBatchSizePerGPU"] = 4
@@ -158,6 +164,7 @@ def test_a_finished_run_says_it_trained_nothing_a_changed_batch_is_refused_for_g
     assert refused.returncode == EXIT_PERMANENT, refused.stderr[-3000:]
     assert "error: CheckpointMismatch: trainer.checkpointDir" in refused.stderr
     assert "different spec.model/data/algorithm/batch" in refused.stderr
+    assert RAY_STARTED not in refused.stderr  # refused before any worker loads a model
     assert refused.returncode != EXIT_STOPPED
 
     export = [sys.executable, "-m", "kuberl.cli", "export", str(run_dir), str(tmp_path / "hf")]

@@ -65,7 +65,7 @@ def run_job(
             trainer.global_step,
             trainer.total_steps,
             time.time() - started,
-            trainer.checkpoints.last,
+            trainer.last_checkpoint,
         )
     )
     if code == EXIT_STOPPED:  # exit now: Ray's exit hooks would wait a minute for a GCS that SIGTERM stopped

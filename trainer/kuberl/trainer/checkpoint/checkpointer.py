@@ -1,6 +1,7 @@
 """A run's checkpoints from the driver's side, in the folder the run holds
-(:class:`~kuberl.trainer.checkpoint.folder.CheckpointFolder`): a resume checks that the storage holds the checkpoints
-the run keeps, then finds the checkpoint ``trainer.resume`` asks for and restores all of it; a save has the worker
+(:class:`~kuberl.trainer.checkpoint.folder.CheckpointFolder`): the checkpoint ``trainer.resume`` asks for is found
+before Ray starts (:func:`select_resume`); a resume checks that the storage holds the checkpoints the run keeps and
+restores all of that checkpoint; a save has the worker
 groups write their shards (:mod:`~kuberl.trainer.checkpoint.shards`), writes the driver's state (step, data order,
 KL controller, RNG) under ``trainer.checkpointDir`` and marks it latest. The files themselves are
 :mod:`kuberl.trainer.checkpoint.files`'s."""
@@ -8,6 +9,7 @@ KL controller, RNG) under ``trainer.checkpointDir`` and marks it latest. The fil
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,6 +32,31 @@ class Group(Protocol):
     """A worker group whose ranks save and load their shards (:class:`kuberl.trainer.workers.group.WorkerGroup`)."""
 
     def call(self, method: str, *args: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a run starts from (None: a fresh start) and the driver's state saved with it."""
+
+    folder: Path | None
+    state: dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"]) if self.folder is not None else 0
+
+
+def select_resume(spec: RLJobSpec, folder: CheckpointFolder, reporting: Reporting) -> ResumePoint:
+    """The checkpoint ``trainer.resume`` selects, chosen before Ray starts: a checkpoint the spec refuses (another
+    job's, a changed batch) fails the run before any worker loads a model, and a run already at its last step
+    starts none. Each damaged checkpoint skipped is a warning. The folder must be taken: this deletes unfinished
+    checkpoints."""
+    assert folder.lock is not None, "CheckpointFolder.take first: resuming deletes unfinished checkpoints"
+    damaged: list[ckpt.Damaged] = []
+    found = ckpt.resolve_resume(spec.trainer.resume, folder.path, folder.identity, damaged)
+    for skipped in damaged:
+        reporting.warn("CheckpointDamaged", f"checkpoint {skipped.folder} is damaged and was skipped: {skipped.reason}")
+    return ResumePoint(found, ckpt.read_state(found) if found is not None else {})
 
 
 class Checkpointer:
@@ -73,29 +100,20 @@ class Checkpointer:
         params, trained = self.params
         return (WEIGHT_BYTES * params + OPTIMIZER_BYTES * trained) * len(self.roles)
 
-    def resume(self) -> int:
-        """Check the storage, then restore the checkpoint ``trainer.resume`` selects; the step it was saved at, 0
-        when there is none. The folder must be taken: resuming deletes unfinished checkpoints."""
-        assert self.folder.lock is not None, "CheckpointFolder.take first: resuming deletes unfinished checkpoints"
+    def resume(self, start: ResumePoint) -> int:
+        """Check that the storage holds the checkpoints the run keeps, then restore ``start`` into the workers and
+        the driver; the step it was saved at, 0 for a fresh start."""
         self.folder.check_room(self.estimated_size())
-        damaged: list[ckpt.Damaged] = []
-        folder = ckpt.resolve_resume(self.spec.trainer.resume, self.checkpoint_dir, self.folder.identity, damaged)
-        for skipped in damaged:
-            self.reporting.warn(
-                "CheckpointDamaged", f"checkpoint {skipped.folder} is damaged and was skipped: {skipped.reason}"
-            )
-        if folder is None:
+        if start.folder is None:
             return 0
-        state = ckpt.read_state(folder)
-        step = int(state["step"])
         for role, group in self.roles:
-            group.call("load_checkpoint", str(folder / role), step)
-        self.loader.load_state_dict(state["dataloader"])
-        self.kl_ctrl.load_state_dict(state["kl_controller"])
-        self.last = str(folder)
-        ckpt.restore_driver_rng(folder)
-        write(f"resumed from {folder} at step {step}")
-        return step
+            group.call("load_checkpoint", str(start.folder / role), start.step)
+        self.loader.load_state_dict(start.state["dataloader"])
+        self.kl_ctrl.load_state_dict(start.state["kl_controller"])
+        self.last = str(start.folder)
+        ckpt.restore_driver_rng(start.folder)
+        write(f"resumed from {start.folder} at step {start.step}")
+        return start.step
 
     def save(self, step: int, *, dataloader: dict[str, Any] | None = None) -> str:
         """``dataloader``: the loader position to resume at, when it is not the loader's own (a batch drawn and

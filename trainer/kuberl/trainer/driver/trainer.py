@@ -19,7 +19,7 @@ import torch
 
 from kuberl.api import RLJobSpec
 from kuberl.api.contract import EXIT_INTERRUPTED, EXIT_STOPPED
-from kuberl.trainer.checkpoint.checkpointer import Checkpointer
+from kuberl.trainer.checkpoint.checkpointer import Checkpointer, ResumePoint, select_resume
 from kuberl.trainer.checkpoint.folder import CheckpointFolder
 from kuberl.trainer.data.prompts import RunPrompts
 from kuberl.trainer.driver.cluster import Cluster
@@ -61,10 +61,12 @@ class Trainer:
         self.stop_code = 0
         """EXIT_INTERRUPTED or EXIT_STOPPED once a stop signal arrived."""
         self.cluster = Cluster(spec, address=address, write=write)
-        self.experience: ExperienceStage
         self.reporting: Reporting
+        self.start: ResumePoint
+        """Both made in :meth:`setup` before Ray starts."""
+        self.experience: ExperienceStage
         self.checkpoints: Checkpointer
-        """All three made in :meth:`setup`, once the workers are up."""
+        """Both made in :meth:`setup` once the workers are up; never when the run has nothing left to train."""
 
     def setup(self) -> None:
         spec = self.spec
@@ -77,6 +79,13 @@ class Trainer:
         write(describe_run(self.name, spec, self.total_steps, self.prompts.summary()))
         self.folder = CheckpointFolder(spec, rljob=self.name)
         self.folder.take()  # before Ray starts: a folder this run cannot own or write fails at once
+        self.reporting = Reporting(
+            spec, rljob=self.name, namespace=self.namespace, run_dir=self.run_dir, total_steps=self.total_steps
+        )
+        self.start = select_resume(spec, self.folder, self.reporting)
+        self.global_step = self.start.step
+        if self.global_step >= self.total_steps:
+            return  # nothing to train: no worker starts
         self.scorer = Scorer(spec, tokenizer=tokenizer)  # a reward function that does not load fails before Ray starts
         cluster = self.cluster
         cluster.start_ray()
@@ -102,9 +111,6 @@ class Trainer:
             agent=cluster.agent,
             pad_id=cluster.pad_id,
         )
-        self.reporting = Reporting(
-            spec, rljob=self.name, namespace=self.namespace, run_dir=self.run_dir, total_steps=self.total_steps
-        )
         self.checkpoints = Checkpointer(
             spec,
             folder=self.folder,
@@ -116,10 +122,17 @@ class Trainer:
             total_steps=self.total_steps,
             reporting=self.reporting,
         )
-        self.global_step = self.checkpoints.resume()
+        self.checkpoints.resume(self.start)
         if cluster.rollout is not None:
             cluster.rollout.on_change = self.reporting.rollout_engines
         self.experience.start(self.global_step, self.total_steps)
+
+    @property
+    def last_checkpoint(self) -> str | None:
+        """The newest checkpoint this run saved or resumed from: what the run's last line names."""
+        if hasattr(self, "checkpoints"):
+            return self.checkpoints.last
+        return str(self.start.folder) if self.start.folder is not None else None
 
     # --- the loop --------------------------------------------------------------------------------------------
 
