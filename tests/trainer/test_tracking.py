@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -111,7 +112,7 @@ def test_wandb_offline_writes_the_run_under_the_project_and_name(
         logger.log(step, metrics)
     logger.close()
     (run,) = (tmp_path / "wandb").glob("offline-run-*")
-    records = wandb_records(next(run.glob("run-*.wandb")))
+    records = finished_records(run)
     (header,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert (header.project, header.display_name) == ("gsm8k-team", "grpo-lr-1e-6")
     history = [
@@ -120,6 +121,17 @@ def test_wandb_offline_writes_the_run_under_the_project_and_name(
         if r.WhichOneof("record_type") == "history"
     ]
     assert [(h["_step"], h["critic/score/mean"]) for h in history if "critic/score/mean" in h] == [(1, 0.25), (2, 0.5)]
+
+
+def finished_records(run: Path, timeout: float = 60) -> list[Any]:
+    """The records of the offline run folder ``run`` once its exit record is on disk: wandb's service process writes
+    the file behind ``finish()``, and on a loaded machine it was found still empty as ``finish()`` returned."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = wandb_records(next(run.glob("run-*.wandb")))
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
 
 
 def wandb_records(path: Path) -> list[Any]:
