@@ -100,12 +100,12 @@ class Checkpointer:
         params, trained = self.params
         return (WEIGHT_BYTES * params + OPTIMIZER_BYTES * trained) * len(self.roles)
 
-    def resume(self, start: ResumePoint) -> int:
-        """Check that the storage holds the checkpoints the run keeps, then restore ``start`` into the workers and
-        the driver; the step it was saved at, 0 for a fresh start."""
+    def resume(self, start: ResumePoint) -> None:
+        """Check that the storage holds the checkpoints the run keeps, then restore ``start`` (if any) into the
+        workers and the driver."""
         self.folder.check_room(self.estimated_size())
         if start.folder is None:
-            return 0
+            return
         for role, group in self.roles:
             group.call("load_checkpoint", str(start.folder / role), start.step)
         self.loader.load_state_dict(start.state["dataloader"])
@@ -113,7 +113,6 @@ class Checkpointer:
         self.last = str(start.folder)
         ckpt.restore_driver_rng(start.folder)
         write(f"resumed from {start.folder} at step {start.step}")
-        return start.step
 
     def save(self, step: int, *, dataloader: dict[str, Any] | None = None) -> str:
         """``dataloader``: the loader position to resume at, when it is not the loader's own (a batch drawn and
