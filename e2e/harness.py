@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -402,13 +402,23 @@ class Cluster:
 
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
         """One HTTPS request as admin, without a client library: (status, body)."""
+        with self.connection() as send:
+            return send(method, path, body)
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[Callable[[str, str, Any], tuple[int, bytes]]]:
+        """:meth:`request` over one kept-alive HTTPS connection: a batch of requests pays one TLS handshake."""
         conn = http.client.HTTPSConnection("127.0.0.1", self._port, context=self._admin_ssl, timeout=30)
-        try:
+
+        def send(method: str, path: str, body: Any = None) -> tuple[int, bytes]:
             payload = None if body is None else json.dumps(body).encode()
             headers = {"Content-Type": "application/json"} if payload is not None else {}
             conn.request(method, path, body=payload, headers=headers)
             response = conn.getresponse()
             return response.status, response.read()
+
+        try:
+            yield send
         finally:
             conn.close()
 

@@ -150,9 +150,10 @@ def _server_verdicts(cluster: Cluster, namespace: str, docs: list[tuple[str, dic
 
     path = f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}?dryRun=All&fieldValidation=Strict"
     verdicts = {}
-    for name, doc in docs:
-        status, body = cluster.request("POST", path, doc)
-        verdicts[name] = (status == 201, "" if status == 201 else json.loads(body).get("message", str(body)))
+    with cluster.connection() as send:
+        for name, doc in docs:
+            status, body = send("POST", path, doc)
+            verdicts[name] = (status == 201, "" if status == 201 else json.loads(body).get("message", str(body)))
     return verdicts
 
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cache
 from typing import Literal
 
 from kuberl.api.contract import CHECKPOINT_MOUNT, MAX_NAME_LENGTH
-from kuberl.api.engines import ENGINE_SETS, ENGINES, engines_where
+from kuberl.api.engines import ENGINE_SETS, ENGINES, EngineCapabilities, engines_where
 from kuberl.api.spec import AGENT_BUILTIN_TOOLS, SANDBOXED_REWARDS, SANDBOXED_TOOLS, NodePool, SpecModel
 from kuberl.api.status import ACTIVE_PHASES
 
@@ -84,7 +85,8 @@ class Rule:
 
     @property
     def cel(self) -> str:
-        """Expanded on every read: the engine macros follow the engine table (kuberl.api.engines)."""
+        """Expanded on every read (cached per state of the table): the engine macros follow the engine table
+        (kuberl.api.engines)."""
         return expand(self.rule)
 
     @property
@@ -126,6 +128,14 @@ _TEMPLATE = re.compile(r"\$\{(.+?)\}")
 
 
 def expand(expr: str) -> str:
+    """``expr`` with its macros written out, the engine macros as the engine table stands now."""
+    return _expand(expr, tuple(ENGINES.items()))
+
+
+@cache
+def _expand(expr: str, engines: tuple[tuple[str, EngineCapabilities], ...]) -> str:
+    """Cached per expression and state of the engine table (``engines``, the state :func:`engine_macros` reads):
+    validation expands every rule of every document it checks."""
     macros = {**MACROS, **engine_macros()}
     return _MACRO.sub(lambda m: macros[m.group(1)], expr)
 
