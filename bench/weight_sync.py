@@ -159,12 +159,12 @@ def measure_one(name: str, bucket_mbs: list[int], repeats: int) -> dict:
     plan = engine.load_plan
     result["direct_refused"] = engine.load_plan_refused
     for bucket_mb in bucket_mbs:  # the baseline: vLLM's loader, bucket by bucket
-        engine.load_plan, engine.load_plan_refused = None, "the benchmark's baseline"
+        engine.replay_loads(None)
         engine.bucket_bytes = bucket_mb * 2**20
         result["by_bucket_mb"][str(bucket_mb)] = measured(f"vLLM's loader, {bucket_mb} MiB buckets:")
     if plan is not None:
         by_loader = engine_weights()
-        engine.load_plan, engine.load_plan_refused = plan, None
+        engine.replay_loads(plan)
         result["direct"] = measured("direct copies:")
         result["direct_equals_loader"] = all(
             torch.equal(a, b) for a, b in zip(by_loader, engine_weights(), strict=True)

@@ -399,6 +399,12 @@ class VLLMRollout(VLLMEngine, ColocatedRollout):
 
     # --- weights ----------------------------------------------------------------------------------------------
 
+    def replay_loads(self, plan: LoadPlan | None) -> None:
+        """Later loads replay ``plan``; with None they go through vLLM's loader, unrecorded (how
+        ``bench/weight_sync.py`` measures the two ways against each other on one engine)."""
+        self.load_plan = plan
+        self.load_plan_refused = None if plan is not None else "vLLM's loader chosen by replay_loads(None)"
+
     def load_bucket(self, bucket: Bucket, recorder: LoadRecorder | None = None) -> None:
         """One bucket of full tensors (HF names) into the engine's model, on the engine's GPU (vLLM's loader, its
         calls recorded by ``recorder``)."""
