@@ -582,6 +582,8 @@ def step_record(metrics: dict[str, Any], phases: dict[str, tuple[str, ...]], sta
         "trainer_gib": {
             **{what: metrics.get(f"perf/max_memory_{what}_gb") for what in ("allocated", "reserved")},
             "engine_pool": metrics.get("perf/engine_pool_gb"),  # a colocated engine's, inside the two above
+            # of reserved: free pieces of segments that also held live blocks (the allocator's fragmentation)
+            "inactive_split": metrics.get("perf/max_inactive_split_gb"),
         },
         # > 0: the trainer's allocator filled the card and freed its cache, so the card's peak is not the side's need
         "alloc_retries": metrics.get("perf/alloc_retries"),

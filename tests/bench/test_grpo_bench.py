@@ -102,13 +102,14 @@ SYNC = {
     "perf/max_memory_reserved_gb": 47.5,
     "perf/alloc_retries": 0.0,
     "perf/engine_pool_gb": 23.5,
+    "perf/max_inactive_split_gb": 6.2,
 }
 
 
 def test_kuberls_metrics_become_steps_by_phase() -> None:
     (step,) = kuberl_steps([{"step": 0, "val": 1.0}, SYNC], overlap=False)
     assert (step["tokens"], step["seconds"], step["tokens_per_s"]) == (76000, 4.0, 19000.0)
-    assert step["trainer_gib"] == {"allocated": 36.3, "reserved": 47.5, "engine_pool": 23.5}
+    assert step["trainer_gib"] == {"allocated": 36.3, "reserved": 47.5, "engine_pool": 23.5, "inactive_split": 6.2}
     assert step["alloc_retries"] == 0.0
     assert step["breakdown_s"] == {
         "generation": 2.0,

@@ -95,6 +95,7 @@ def perf_metrics(
             m["perf/max_memory_allocated_gb"] = max(s["max_memory_allocated_gb"] for s in stats)
             m["perf/max_memory_reserved_gb"] = max(s["max_memory_reserved_gb"] for s in stats)
             m["perf/alloc_retries"] = max(s["alloc_retries"] for s in stats)
+            m["perf/max_inactive_split_gb"] = max(s["max_inactive_split_gb"] for s in stats)
         if stats and "engine_pool_gb" in stats[0]:  # a colocated engine's, included in the two peaks above
             m["perf/engine_pool_gb"] = max(s["engine_pool_gb"] for s in stats)
         if stats and "memory_used_peak_gb" in stats[0]:

@@ -288,7 +288,10 @@ def device_stats(device: torch.device) -> dict[str, float]:
     stats["max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
     stats["max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(device) / 2**30
     # > 0: the caching allocator met the card's limit and freed its cache to go on, so the card's peak is the card's
-    stats["alloc_retries"] = float(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
+    allocator = torch.cuda.memory_stats(device)
+    stats["alloc_retries"] = float(allocator.get("num_alloc_retries", 0))
+    # the reserve split: free pieces of segments that also hold live blocks (fragmentation), at their largest
+    stats["max_inactive_split_gb"] = allocator.get("inactive_split_bytes.all.peak", 0) / 2**30
     try:
         import pynvml
 
