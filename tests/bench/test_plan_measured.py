@@ -69,21 +69,10 @@ STEADY_NEIGHBOUR = {
 BUSY_AT_START = {
     "grpo_vs_verl_qwen05b_h100.json:kuberl": "two processes of a verl run that an earlier device call left when it "
     "was killed held 33.04 GiB when the side started and were gone by its peak (card 79.45 GiB, the kuberl process "
-    "78.98 GiB by itself): the card less 33.04 GiB is not its peak, and the process's own figure may hold memory "
-    "its allocator took only because the card had been full. Rerun on an idle card: "
-    "grpo_vs_verl_qwen05b_h100_kuberl_idle.json",
+    "78.98 GiB by itself): the card less 33.04 GiB is not its peak. The idle-card reruns peaked the same "
+    "(grpo_vs_verl_qwen05b_h100_kuberl_idle.json, grpo_vs_verl_qwen05b_h100_kuberl_retries.json)",
 }
 """Sides that started on a card other processes held, whose memory changed during the run → what happened."""
-PLAN_BELOW = {
-    "grpo_vs_verl_qwen05b_h100_kuberl_idle.json:kuberl": "Qwen2-0.5B colocated at the 38,912-token budget its plan "
-    "chose: 78.22 GiB on the idle card (0.96 GiB short of the card), planned 71.50 (0.914: inside the issue's +-10%, "
-    "below this file's floor). The plan's allocations are close to PyTorch's (its peak, 73.5 GiB, less the "
-    "engine's weights and KV cache, 23.5 GiB, that it counts while they sleep: ~50 against 48.2 planned); the miss is the allocator's reserve, 28.3 GiB where the colocated ratio "
-    "gives 21.6. No one ratio fits it beside SmolLM2's and the 1.14B's colocated rows, and a peak this close to the "
-    "card may be cache the allocator took because it could (it frees its cache only when the card runs out): the "
-    "next run records perf/alloc_retries, which tells the two apart",
-}
-"""Sides the plan is below, with what is known: expected to fail until the plan or the evidence changes (strict)."""
 
 
 @dataclass(frozen=True)
@@ -205,12 +194,7 @@ def _plan(row: Measured) -> Any:
     return plan_memory(spec, SHAPES[row.model], gpu_named(row.card), layout=layout)
 
 
-def plan_rows() -> list[Any]:
-    below = pytest.mark.xfail(strict=True, reason="the plan is below this peak (PLAN_BELOW)")
-    return [pytest.param(row, marks=below) if row.source in PLAN_BELOW else row for row in measured_rows()]
-
-
-@pytest.mark.parametrize("row", plan_rows(), ids=lambda r: f"{r.source}:{r.model}:{r.gib}")
+@pytest.mark.parametrize("row", measured_rows(), ids=lambda r: f"{r.source}:{r.model}:{r.gib}")
 def test_the_plan_is_within_ten_percent_above_the_measured_peak(row: Measured) -> None:
     plan = _plan(row)
     planned = plan.peak_gib if row.what == "device" else plan.train_allocated_gib

@@ -70,10 +70,16 @@ step's temporaries (which the few freed blocks do not hold: they are reserved an
 rows (NVML peaks less the card's use before the run, tests/bench/test_plan_measured.py): llama 1.1B one step off on
 an H100, 0.14 (0.58 without the optimizer term, where SmolLM2's rows reserved 0.08–0.14: the term is what the larger
 model adds); SmolLM2 one step off and async, 0.05–0.11."""
-COLOCATED_TOKEN_BUDGET_RESERVE = 0.44
+COLOCATED_TOKEN_BUDGET_RESERVE = 0.352
+COLOCATED_RESERVE_PER_HEAD_GIB = 0.072
 """The same with the engine in the trainer's process (its weights and KV cache woken and put to sleep between the
-updates): llama 1.1B colocated on an H100 at 23,552 tokens, 0.44 (NVML 74.65 GiB above the idle card); SmolLM2
-colocated on an H100, 0.31 (its plan now 1.10x its peak)."""
+updates): a ratio that grows by this much per GiB of the head's float32 chunks, the update's largest blocks, whose
+freed pieces the next micro-batch's tensors split. Fitted on the three colocated H100 rows (NVML peak above the idle
+card, tests/bench/test_plan_measured.py): llama 1.14B at 23,552 tokens with a 1.24 GiB head (74.65 GiB; ratio 0.44,
+plan 1.001x), SmolLM2 at 60,416 tokens with the same head (45.22 GiB; 1.098x), Qwen2-0.5B at 38,912 tokens with its
+152k vocabulary's 3.83 GiB head (78.98 GiB with no allocation retried, so need and not cache kept because the card had
+room; ratio 0.63, 1.002x, 0.5 GiB under the card). Two head sizes measured: a fit, not a law, until
+perf/max_inactive_split_gb shows where Qwen2's reserve lies."""
 CPU_TOKEN_BUDGET = 16384
 """The token budget where no GPU memory bounds it (CPU runs) or the GPU is unknown (maxTokenLenPerGPU's default
 before it was planned)."""
@@ -380,13 +386,18 @@ class _Update:
     allocated: float
 
 
-def allocator_reserve_gib(spec: RLJobSpec, layout: Layout, activations_gib: float, optimizer_step_gib: float) -> float:
-    """Reserved but free GiB around a micro-batch's ``activations_gib`` (its head's included) under ``spec``'s
-    micro-batching on ``layout``; a token budget's also holds the optimizer step's temporaries (a fixed row count's
-    1.15 x held them in both models measured)."""
+def allocator_reserve_gib(
+    spec: RLJobSpec, layout: Layout, activations_gib: float, head_gib: float, optimizer_step_gib: float
+) -> float:
+    """Reserved but free GiB around a micro-batch's ``activations_gib`` (its head's, ``head_gib``, included) under
+    ``spec``'s micro-batching on ``layout``; a token budget's also holds the optimizer step's temporaries (a fixed row
+    count's 1.15 x held them in both models measured)."""
     if not spec.batch.dynamic_batch_size.enabled:
         return ALLOCATOR_RESERVE * activations_gib
-    ratio = COLOCATED_TOKEN_BUDGET_RESERVE if layout == "colocated" else TOKEN_BUDGET_RESERVE
+    if layout == "colocated":
+        ratio = COLOCATED_TOKEN_BUDGET_RESERVE + COLOCATED_RESERVE_PER_HEAD_GIB * head_gib
+    else:
+        ratio = TOKEN_BUDGET_RESERVE
     return ratio * activations_gib + optimizer_step_gib
 
 
@@ -411,7 +422,7 @@ def _update(
     state = actor.params + actor.grads + max(actor.optimizer, actor.optimizer_step)
     others = sum(r.resident for r in roles[1:])
     allocated = state + others + activations + head + gathered
-    reserve = allocator_reserve_gib(spec, layout, activations + head, actor.optimizer_step)
+    reserve = allocator_reserve_gib(spec, layout, activations + head, head, actor.optimizer_step)
     return _Update(activations, head, gathered, reserve, allocated)
 
 
@@ -577,7 +588,7 @@ def _advice(spec: RLJobSpec, plan: MemoryPlan, seq: int, fits_at: Callable[..., 
         advice.append(f"batch.ppoMicroBatchSizePerGPU: {plan.largest_micro_batch} fits")
     if train_over and not plan.gradient_checkpointing:
         fewer = plan.activations_without_checkpointing_gib - plan.activations_with_checkpointing_gib
-        saved = fewer + allocator_reserve_gib(spec, plan.layout, fewer, 0.0)
+        saved = fewer + allocator_reserve_gib(spec, plan.layout, fewer, plan.head_gib, 0.0)
         works = fits_at(plan.token_budget or seq, True)
         advice.append(f"model.gradientCheckpointing: true saves {saved:.1f} GiB" + (" and fits" if works else ""))
     actor = plan.roles[0]
