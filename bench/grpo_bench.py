@@ -347,11 +347,46 @@ def tail(path: Path, lines: int = ERROR_TAIL_LINES) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+class Stopped(Exception):
+    """SIGTERM reached the benchmark (an outer time limit such as the device script's ``timeout``, or a person): the
+    side running is stopped and recorded with the steps it wrote, and no side after it starts."""
+
+
+STOPPED_EXIT = 128 + signal.SIGTERM
+
+
+def stop_on_sigterm() -> None:
+    """From now on SIGTERM raises :class:`Stopped` in the main thread, where :func:`run_side` waits for its side."""
+
+    def raise_stopped(signum: int, frame: Any) -> None:
+        raise Stopped
+
+    signal.signal(signal.SIGTERM, raise_stopped)
+
+
+def end_if_stopped(*sides: dict[str, Any]) -> None:
+    """Called once a side's result is written: a side :class:`Stopped` ends the benchmark (exit 143), so that no
+    later side starts."""
+    if any(side.get("stopped") for side in sides):
+        raise SystemExit(STOPPED_EXIT)
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the side's process group, SIGKILL 20 s later if it still runs."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def run_side(
     cmd: list[str], log_dir: Path, name: str, env: dict[str, str], timeout_s: float, cwd: Path = ROOT
 ) -> dict[str, Any]:
     """Run one side in its own process group, stdout and stderr to ``log_dir/NAME.{out,err}``, with the card's
-    memory sampled meanwhile (``nvml``)."""
+    memory sampled meanwhile (``nvml``); stopped at ``timeout_s``, or when the benchmark is :class:`Stopped`
+    (``stopped`` in the result)."""
     out_path, err_path = log_dir / f"{name}.out", log_dir / f"{name}.err"
     logs = {"command": " ".join(cmd), "stdout_log": str(out_path), "stderr_log": str(err_path)}
     busy = busy_card()
@@ -362,24 +397,23 @@ def run_side(
     start = time.perf_counter()
     with out_path.open("w") as out, err_path.open("w") as err, DeviceMemory() as memory:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=cwd, start_new_session=True)
+        code: int | None = None
+        stopped = False
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            code = None
-    info: dict[str, Any] = {
-        **logs,
-        "exit_code": code,
-        "wall_s": round(time.perf_counter() - start, 1),
-        "nvml": memory.as_dict(),
-    }
+            _stop_group(proc)
+        except Stopped:
+            stopped = True
+            _stop_group(proc)
+    wall_s = round(time.perf_counter() - start, 1)
+    info: dict[str, Any] = {**logs, "exit_code": code, "wall_s": wall_s, "nvml": memory.as_dict()}
+    if stopped:
+        info["stopped"] = True
     if code != 0:
-        why = f"timed out after {timeout_s:.0f} s" if code is None else f"exit code {code}"
+        why = f"exit code {code}"
+        if code is None:
+            why = f"stopped by SIGTERM after {wall_s:.0f} s" if stopped else f"timed out after {timeout_s:.0f} s"
         info["error"] = f"{name} {why}; tail of stderr:\n{tail(err_path) or tail(out_path)}"
     return info
 

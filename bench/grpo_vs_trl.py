@@ -50,6 +50,7 @@ from bench.grpo_bench import (
     Earlier,
     add_job_arguments,
     check_steps,
+    end_if_stopped,
     gpu_name,
     job_settings,
     measured,
@@ -61,6 +62,7 @@ from bench.grpo_bench import (
     result_header,
     run_kuberl,
     run_side,
+    stop_on_sigterm,
     write_data,
     write_result,
 )
@@ -270,7 +272,8 @@ def trl_child(config_path: str) -> int:
 def run_trl_sweep(
     args: argparse.Namespace, folder: str, data: str, work: Path, gpu: bool, micro_batches: list[int]
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """TRL once per micro-batch; (the fastest run, every run). A run that ran out of memory is marked ``oom``."""
+    """TRL once per micro-batch; (the fastest run, every run). A run that ran out of memory is marked ``oom``; one
+    stopped by SIGTERM is the sweep's last."""
     runs = []
     for micro_batch in micro_batches:
         print(f"running trl at {micro_batch} rows per micro-batch ...", flush=True)
@@ -279,6 +282,8 @@ def run_trl_sweep(
         result["oom"] = any(text in result.get("error", "") for text in OUT_OF_MEMORY)
         print_side(f"trl (micro-batch {micro_batch})", result, args.out)
         runs.append(result)
+        if result.get("stopped"):
+            break
     return fastest(runs), runs
 
 
@@ -322,6 +327,7 @@ def main() -> int:
     parser.add_argument("--out", default="bench/results/grpo_vs_trl.json")
     parser.add_argument("--trl-child", help=argparse.SUPPRESS)  # child mode: run the TRL side from this config
     args = parser.parse_args()
+    stop_on_sigterm()
     if args.trl_child:
         return trl_child(args.trl_child)
     check_steps(parser, args)
@@ -361,6 +367,7 @@ def main() -> int:
             result[side] = run_kuberl(args, folder, data["file"], work, gpu, card, side)
             print_side(side, result[side], args.out)
         write_result(merged(result, earlier), args.out)  # a run stopped later keeps the sides that finished
+        end_if_stopped(*(result["trl_sweep"] if side == "trl" else [result[side]]))
 
     result = merged(result, earlier)
     for side in kuberl_sides:

@@ -58,6 +58,7 @@ from bench.grpo_bench import (
     add_job_arguments,
     batches_ahead,
     check_steps,
+    end_if_stopped,
     gpu_name,
     job_settings,
     kuberl_plan,
@@ -72,6 +73,7 @@ from bench.grpo_bench import (
     run_kuberl,
     run_side,
     step_record,
+    stop_on_sigterm,
     write_data,
     write_result,
 )
@@ -419,6 +421,7 @@ def main() -> int:
     parser.add_argument("--out", default="bench/results/grpo_vs_verl.json")
     args = parser.parse_args()
     check_steps(parser, args)
+    stop_on_sigterm()
     if args.max_tokens == "0":
         parser.error("--max-tokens 0: verl's side is compared at its token budget; give one, or auto")
     if args.overlap not in VERL_ROWS:
@@ -443,9 +446,10 @@ def main() -> int:
     result = result_header(BENCHMARK, args, card=card, folder=folder, work=work, settings=settings, packages=PACKAGES)
     earlier = read_earlier(args.merge_with, result)
 
-    def side_done() -> None:
-        """A run stopped later keeps the sides that finished."""
+    def side_done(side: str) -> None:
+        """A run stopped later keeps the sides that finished; one stopped during ``side`` ends here."""
         write_result(merge_sides(result, earlier, SIDES), args.out)
+        end_if_stopped(result[side])
 
     for overlap in VERL_ROWS[args.overlap]:
         suffix = "_overlap" if overlap else ""
@@ -454,7 +458,7 @@ def main() -> int:
             print(f"running kuberl{suffix} ...", flush=True)
             result[f"kuberl{suffix}"] = run_kuberl(args, folder, data["file"], work, gpu, card, f"kuberl{suffix}")
             print_side(f"kuberl{suffix}", result[f"kuberl{suffix}"], args.out)
-            side_done()
+            side_done(f"kuberl{suffix}")
         if args.only != "kuberl":
             print(f"running verl{suffix} ...", flush=True)
             budget = kuberl_budget(args, doc, card)
@@ -463,13 +467,13 @@ def main() -> int:
                 print(f"verl{suffix}: verl accepts the configuration ({result[f'verl{suffix}']['trainer_mode']})")
             else:
                 print_side(f"verl{suffix}", result[f"verl{suffix}"], args.out)
-                side_done()
+                side_done(f"verl{suffix}")
     if args.overlap == "async" and args.only != "verl" and not args.verl_check_only:
         for side in ASYNC_SIDES:
             print(f"running {side} ...", flush=True)
             result[side] = run_kuberl(args, folder, data["file"], work, gpu, card, side)
             print_side(side, result[side], args.out)
-            side_done()
+            side_done(side)
     result = merge_sides(result, earlier, SIDES)
     print_async_ratios(result)
     for suffix in ("", "_overlap"):

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +196,39 @@ def test_a_side_runs_once_the_card_is_idle(tmp_path: Path, monkeypatch: pytest.M
     marker = tmp_path / "ran"
     info = grpo_bench.run_side(["/usr/bin/touch", str(marker)], tmp_path, "kuberl", {}, 10.0)
     assert marker.exists() and info["exit_code"] == 0 and "error" not in info
+
+
+STOPPED_BENCHMARK = """
+import sys
+from pathlib import Path
+from bench.grpo_bench import end_if_stopped, run_side, stop_on_sigterm, write_result
+stop_on_sigterm()
+work = Path(sys.argv[1])
+side = run_side([sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(300)"], work,
+                "kuberl", {}, 200.0)
+write_result({"kuberl": side}, str(work / "result.json"))
+end_if_stopped(side)
+"""
+
+
+def test_sigterm_stops_the_side_that_runs_records_it_and_ends_the_benchmark(tmp_path: Path) -> None:
+    """The device script's outer ``timeout`` sends SIGTERM: the side's process group goes with the benchmark, and
+    the side is written with what it recorded instead of being lost with the process."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    bench = subprocess.Popen([sys.executable, "-c", STOPPED_BENCHMARK, str(tmp_path)], cwd=root, env=env)
+    side_out = tmp_path / "kuberl.out"
+    deadline = time.monotonic() + 60
+    while not (side_out.exists() and side_out.read_text().strip()):
+        assert time.monotonic() < deadline and bench.poll() is None, "the side never started"
+        time.sleep(0.1)
+    side_pid = int(side_out.read_text())
+    bench.send_signal(signal.SIGTERM)
+    assert bench.wait(timeout=60) == grpo_bench.STOPPED_EXIT
+    side = json.loads((tmp_path / "result.json").read_text())["kuberl"]
+    assert side["stopped"] is True and side["exit_code"] is None
+    assert re.match(r"kuberl stopped by SIGTERM after \d+ s; tail of stderr", side["error"]), side["error"]
+    assert not Path(f"/proc/{side_pid}").exists()
 
 
 def test_without_nvml_nothing_is_recorded() -> None:
