@@ -15,6 +15,8 @@
 # tests/gpu/stage.sh prepares the staged files and makes the staging calls (calls: each call's carry list).
 # Logs and JSON go to $OUT (the device tool brings back at most 8 files); the benchmarks' JSON also stays in
 # /root/results, where a later call's --merge-with (TRL_ARGS, VERL_ARGS) finds it: TRL_NAME and VERL_NAME name them.
+# TRL_TIMEOUT and VERL_TIMEOUT bound a whole benchmark: give them the sides' --timeout plus a minute each (building a
+# model comes first); at the limit the benchmark writes the side it was running with the steps it recorded.
 set -u
 OUT=${OUT:-/tmp/kuberl-gpu-out}
 mkdir -p "$OUT"
@@ -119,6 +121,7 @@ run_tests() {
 
 bench_sync() {
   log "bench weight_sync"
+  # shellcheck disable=SC2086  # WEIGHT_SYNC_MODELS is a list of models
   timeout 300 python3 bench/weight_sync.py --out "$OUT/weight_sync.json" --repeats 5 \
     --models ${WEIGHT_SYNC_MODELS:-smollm2 qwen2-0.5b} 2>&1 | grep -v -e "^INFO" -e "^WARNING" | tail -40 >> "$OUT/bench.log"
   log "bench weight_sync: exit ${PIPESTATUS[0]}"
