@@ -8,6 +8,7 @@ from kuberl.trainer.model.microbatch import (
     bin_cost,
     concat,
     equalize,
+    largest_first,
     micro_batches,
     model_inputs,
     shard_mini_batches,
@@ -100,6 +101,21 @@ def test_dynamic_micro_batches_from_rows_use_real_lengths():
     rows = make_rows([8, 1, 1, 1], [6, 1, 1, 1])
     bins = micro_batches(rows, micro_batch_size=None, max_tokens=14)
     assert [0] in bins and sum(len(b) for b in bins) == 4 and len(bins) == 2
+
+
+def test_a_step_runs_its_largest_micro_batch_first():
+    # the benchmark's step 4 at a 60,416-token budget packed [27,720, 60,352] by first row; the smaller one ran
+    # first and the larger reserved 13.7 GiB of new segments (docs/performance.md)
+    rows = make_rows([1, 8, 8, 2, 1], [1, 6, 6, 2, 1])  # 2, 14, 14, 4, 2 tokens
+    assert split_by_tokens([1, 8, 8, 2, 1], [1, 6, 6, 2, 1], max_tokens=15) == [[0, 3, 4], [1], [2]]
+    assert micro_batches(rows, micro_batch_size=None, max_tokens=15) == [[1], [2], [0, 3, 4]]
+    fixed = micro_batches(rows, micro_batch_size=2, max_tokens=None)  # 16, 18 and 2 tokens
+    assert fixed == [[2, 3], [0, 1], [4]]
+
+
+def test_largest_first_keeps_ties_in_order_and_puts_empty_micro_batches_last():
+    rows = make_rows([2, 2, 3, 1], [2, 2, 3, 1])
+    assert largest_first(rows, [[], [0], [3], [1], [2]]) == [[2], [0], [1], [3], []]
 
 
 def test_equalize_splits_the_largest_micro_batch_first():

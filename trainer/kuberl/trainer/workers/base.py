@@ -19,6 +19,7 @@ from kuberl.trainer.model import fsdp
 from kuberl.trainer.model.microbatch import (
     Rows,
     equalize,
+    largest_first,
     micro_batches,
     num_rows,
     pad_right,
@@ -123,7 +124,8 @@ class DistributedWorker:
     # --- micro-batch loops shared by actor and critic ---
 
     def micro_batch_indices(self, rows: Rows, micro: MicroBatching) -> list[list[int]]:
-        """This rank's micro-batches, padded to the same count on every rank (FSDP collectives must pair up)."""
+        """This rank's micro-batches, largest first, padded to the same count on every rank (FSDP collectives must
+        pair up)."""
         import torch.distributed as dist
 
         bins = micro_batches(rows, micro_batch_size=micro.size, max_tokens=micro.max_tokens)
@@ -131,7 +133,7 @@ class DistributedWorker:
             return bins
         count = torch.tensor([len(bins)], device=self.device)  # NCCL reduces device tensors only
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        return equalize(bins, int(count))
+        return largest_first(rows, equalize(bins, int(count)))
 
     def forward_only(
         self, rows: Rows, fn: Callable[[Rows], dict[str, Tensor]], micro: MicroBatching
