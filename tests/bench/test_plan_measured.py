@@ -73,6 +73,20 @@ BUSY_AT_START = {
     "(grpo_vs_verl_qwen05b_h100_kuberl_idle.json, grpo_vs_verl_qwen05b_h100_kuberl_retries.json)",
 }
 """Sides that started on a card other processes held, whose memory changed during the run → what happened."""
+ORDER_SET_THE_RESERVE = {
+    "grpo_vs_verl_qwen05b_h200.json:kuberl": "every step ran its 68.6k-token micro-batch before its ~19.5k one, so "
+    "the second split the first's freed blocks: 3.5 GiB reserved beyond the allocated peak (3.35 GiB of it free "
+    "pieces of split segments), where the colocated fit takes 47 GiB; plan 1.53x",
+    "grpo_vs_verl_qwen05b_h200_overlap.json:kuberl_overlap": "step 4 ran its 27.7k-token micro-batch before its "
+    "60.4k one: the gradients, allocated in the first backward, pinned pieces of the cached segments and the larger "
+    "micro-batch took 13.7 GiB of new ones (steps 1-3, largest first: 3.2 GiB reserved beyond allocated, where the "
+    "plan would be 1.06x); plan 0.953x",
+}
+"""Sides measured while the trainer ran a step's micro-batches in the order of their first row, whose allocator
+reserve that run's order set (reconstructed from the benchmark's data and token budget, docs/performance.md): a
+smaller micro-batch before a larger one leaves cached blocks the larger cannot use. The plan's token-budget reserve
+is fitted on rows with such orders; the trainer now runs the largest micro-batch first, and the plan is refitted when
+rows measured that way are in → the order the run had."""
 
 
 @dataclass(frozen=True)
@@ -194,7 +208,18 @@ def _plan(row: Measured) -> Any:
     return plan_memory(spec, SHAPES[row.model], gpu_named(row.card), layout=layout)
 
 
-@pytest.mark.parametrize("row", measured_rows(), ids=lambda r: f"{r.source}:{r.model}:{r.gib}")
+def checked_rows() -> list[Any]:
+    """Every measured row; those in ORDER_SET_THE_RESERVE as strict expected failures, so a plan that comes to fit
+    them fails the test until their entry goes."""
+    return [
+        pytest.param(row, marks=pytest.mark.xfail(strict=True, reason=ORDER_SET_THE_RESERVE[row.source]))
+        if row.source in ORDER_SET_THE_RESERVE
+        else row
+        for row in measured_rows()
+    ]
+
+
+@pytest.mark.parametrize("row", checked_rows(), ids=lambda r: f"{r.source}:{r.model}:{r.gib}")
 def test_the_plan_is_within_ten_percent_above_the_measured_peak(row: Measured) -> None:
     plan = _plan(row)
     planned = plan.peak_gib if row.what == "device" else plan.train_allocated_gib
