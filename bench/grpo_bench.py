@@ -105,10 +105,10 @@ def token_budget(value: str) -> int | str | None:
 
 def check_steps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     ahead = max(batches_ahead(side) for side in OVERLAP_ROWS[args.overlap])
-    if args.steps < 2 * ahead + 2:
+    if args.steps < fewest_steps(ahead):
         parser.error(
-            f"--steps must be at least {2 * ahead + 2} with --overlap {args.overlap}: step 1 is warm-up, and a row "
-            f"that generates {ahead} batch(es) ahead is measured over steps {ahead + 2} … N − {ahead} (summarise)"
+            f"--steps must be at least {fewest_steps(ahead)} with --overlap {args.overlap}: step 1 is warm-up, and a "
+            f"row that generates {ahead} batch(es) ahead is measured over steps {ahead + 2} … N − {ahead} (summarise)"
         )
     total = args.prompts * args.group
     args.micro_batch = min(args.micro_batch, total)
@@ -421,22 +421,31 @@ def run_side(
 # --- the summary -------------------------------------------------------------------------------------------------
 
 
-def summarise(steps: list[dict[str, Any]], *, ahead: int = 0) -> dict[str, Any]:
+def fewest_steps(ahead: int, cycle: int = 1) -> int:
+    """The fewest steps :func:`summarise` measures a side by: warm-up, ``ahead`` at each end, one ``cycle``."""
+    return 2 * ahead + 1 + cycle
+
+
+def summarise(steps: list[dict[str, Any]], *, ahead: int = 0, cycle: int = 1) -> dict[str, Any]:
     """Per-step tokens and seconds → tokens/s over the steady steps (sum ÷ sum) and the mean of those steps' rates.
 
     ``ahead``: the batches a side generates ahead of the step that trains (0 synchronous, 1 one step off, ``k`` for
     ``async`` at ``maxStaleness`` k). Step 1 is warm-up (compilation, CUDA graphs), and while it runs such a side
     builds up to ``ahead`` batches, which the next ``ahead`` steps take without waiting; the last ``ahead`` steps
-    generate nothing more. Both flatter the rate, so steps ``ahead + 2 … N − ahead`` are measured."""
-    measured_steps = steps[1 + ahead : len(steps) - ahead]
+    generate nothing more. Both flatter the rate, so steps ``ahead + 2 … N − ahead`` are measured. ``cycle``: a side
+    whose steps repeat a pattern of that many (verl's ``colocate_async``: one step that waits for its generation,
+    one that does not) is measured over whole cycles, the window's last steps that do not complete one left out."""
+    window = steps[1 + ahead : len(steps) - ahead]
+    measured_steps = window[: len(window) - len(window) % cycle]
     if not measured_steps:
         raise ValueError(
-            f"need at least {2 * ahead + 2} steps: step 1 is warm-up"
+            f"need at least {fewest_steps(ahead, cycle)} steps: step 1 is warm-up"
             + (
                 f", the next {ahead} take the batches generated during it, the last {ahead} generate none ahead"
                 if ahead
                 else ""
             )
+            + (f", and the side is measured over whole cycles of {cycle} steps" if cycle > 1 else "")
         )
     tokens = sum(s["tokens"] for s in measured_steps)
     seconds = sum(s["seconds"] for s in measured_steps)
@@ -456,10 +465,10 @@ def mean_phases(steps: list[dict[str, Any]]) -> dict[str, float]:
     return {p: round(sum(s["breakdown_s"][p] for s in steps) / len(steps), 3) for p in phases}
 
 
-def measured(result: dict[str, Any], steps: int, *, ahead: int = 0) -> dict[str, Any]:
+def measured(result: dict[str, Any], steps: int, *, ahead: int = 0, cycle: int = 1) -> dict[str, Any]:
     """Add the summary when every step was recorded, even if the process failed afterwards (e.g. at teardown)."""
     if len(result["steps"]) == steps:
-        result.update(summarise(result["steps"], ahead=ahead))
+        result.update(summarise(result["steps"], ahead=ahead, cycle=cycle))
     elif "error" not in result:
         result["error"] = f"{len(result['steps'])} of {steps} steps recorded"
     return result

@@ -30,7 +30,7 @@ Per step, verl's own metrics (its ``file`` logger, the console lines as fallback
 prompt + response tokens, as kuberl counts), seconds (``timing_s/step``) and the same phases as kuberl's breakdown
 (:data:`VERL_PHASES`). Usage (GPU machine; ``tests/gpu/device_run.sh install install-verl bench-verl``)::
 
-    python bench/grpo_vs_verl.py --model smollm2 --steps 4 --overlap both --out bench/results/grpo_vs_verl.json
+    python bench/grpo_vs_verl.py --model smollm2 --steps 5 --overlap both --out bench/results/grpo_vs_verl.json
 
 ``--overlap async --steps 6`` (or more) runs the overlapped pair and kuberl's asynchronous rows at ``maxStaleness`` 1
 and 2, each printed against verl's overlapped row.
@@ -59,6 +59,7 @@ from bench.grpo_bench import (
     batches_ahead,
     check_steps,
     end_if_stopped,
+    fewest_steps,
     gpu_name,
     job_settings,
     kuberl_plan,
@@ -149,6 +150,11 @@ VERL_ROWS = {"off": [False], "on": [True], "both": [False, True], "async": [True
 verl's own fully-async trainer needs rollout GPUs of its own and is not compared here)."""
 VERL_MODES = {False: "sync", True: "colocate_async"}
 """trainer.v1.trainer_mode of the synchronous and the overlapped row."""
+VERL_CYCLES = {False: 1, True: 2}
+"""Steps in the pattern each row's step times repeat (grpo_bench.summarise measures whole cycles): verl's
+``colocate_async`` alternates a step that waits for its generation with one that does not (Qwen2-0.5B on an H200:
+15.98 s, then 3.50; SmolLM2 on an H100: the same), so a window of one step measured either half (the 4-step rows:
+4.60x on the dear step, 1.00x on the cheap one)."""
 VERL_PHASES = {phase: keys for phase, keys in KUBERL_PHASES.items() if phase != "idle"}
 """verl's timing metrics (verl/trainer/ppo/v1/trainer_base.py's marked_timer names, which kuberl's are) by
 grpo_bench.PHASES; verl has no idle wait of its own. In colocate_async ``gen`` is the wait for the replay buffer to
@@ -369,7 +375,8 @@ def run_verl(
     result["metrics_source"] = "file" if metrics_file.exists() else "console"
     result["steps"] = verl_steps(records)
     # verl's overlapped row (colocate_async) generates one batch ahead, as kuberl's one-step-off row
-    return measured(result, args.steps, ahead=batches_ahead("kuberl_overlap" if overlap else "kuberl"))
+    ahead = batches_ahead("kuberl_overlap" if overlap else "kuberl")
+    return measured(result, args.steps, ahead=ahead, cycle=VERL_CYCLES[overlap])
 
 
 # --- driver ------------------------------------------------------------------------------------------------------
@@ -426,6 +433,13 @@ def main() -> int:
         parser.error("--max-tokens 0: verl's side is compared at its token budget; give one, or auto")
     if args.overlap not in VERL_ROWS:
         parser.error(f"--overlap {args.overlap}: this benchmark has the rows {', '.join(VERL_ROWS)}")
+    fewest = fewest_steps(batches_ahead("kuberl_overlap"), VERL_CYCLES[True])
+    if args.only != "kuberl" and True in VERL_ROWS[args.overlap] and args.steps < fewest:
+        parser.error(
+            f"--steps must be at least {fewest} for verl's overlapped row: step 1 is warm-up, steps 2 and N take and "
+            f"generate no batch ahead, and its steps alternate, so it is measured over whole cycles of "
+            f"{VERL_CYCLES[True]} (VERL_CYCLES)"
+        )
 
     import torch
 

@@ -153,6 +153,16 @@ def test_tokens_per_second_leave_out_the_warm_up_and_the_steps_a_backlog_or_the_
         summarise(_steps([10, 1, 1, 1, 1]), ahead=2)
 
 
+def test_a_side_whose_steps_alternate_is_measured_over_whole_cycles() -> None:
+    # verl's colocate_async on the H200: a dear step, then a cheap one; one step of the window measured either half
+    alternating = summarise(_steps([18.55, 3.47, 15.98, 3.50, 1.0]), ahead=1, cycle=2)
+    assert alternating["measured_steps"] == [3, 4] and alternating["tokens_per_s"] == round(2000 / 19.48, 1)
+    odd_window = summarise(_steps([18.55, 3.47, 15.98, 3.50, 16.0, 1.0]), ahead=1, cycle=2)
+    assert odd_window["measured_steps"] == [3, 4]
+    with pytest.raises(ValueError, match=r"need at least 5 steps.*whole cycles of 2 steps"):
+        summarise(_steps([18.55, 3.47, 15.98, 3.50]), ahead=1, cycle=2)
+
+
 def test_a_side_that_recorded_too_few_steps_says_so() -> None:
     assert measured({"steps": _steps([3, 2])}, 4)["error"] == "2 of 4 steps recorded"
     assert "tokens_per_s" in measured({"steps": _steps([3, 2, 2, 2]), "error": "exit code 1 at teardown"}, 4)

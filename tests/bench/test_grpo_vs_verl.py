@@ -315,3 +315,16 @@ def test_the_async_rows_are_compared_with_verls_overlapped_row() -> None:
     assert result["ratio_kuberl_async_k1_vs_verl_overlap"] == 0.9
     assert result["ratio_kuberl_async_k2_vs_verl_overlap"] == 1.25
     assert VERL_ROWS["async"] == [True]  # verl's side of the async rows is its overlapped row
+
+
+@pytest.mark.parametrize("overlap", ["on", "both"])
+def test_verls_overlapped_row_asks_for_a_whole_cycle_of_steps(
+    overlap: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench import grpo_vs_verl
+
+    # 4 steps measure kuberl's one-step-off row (step 3), one short of verl's whole cycle
+    monkeypatch.setattr("sys.argv", ["grpo_vs_verl.py", "--overlap", overlap, "--steps", "4"])
+    with pytest.raises(SystemExit):
+        grpo_vs_verl.main()
+    assert "--steps must be at least 5 for verl's overlapped row" in capsys.readouterr().err
