@@ -83,7 +83,7 @@ ORDER_SET_THE_RESERVE = {
     "plan would be 1.06x); plan 0.953x",
 }
 """Sides measured while the trainer ran a step's micro-batches in the order of their first row, whose allocator
-reserve that run's order set (reconstructed from the benchmark's data and token budget, docs/performance.md): a
+reserve that run's order set (bench/micro_batch_order.py rebuilds it from the result, docs/performance.md): a
 smaller micro-batch before a larger one leaves cached blocks the larger cannot use. The plan's token-budget reserve
 is fitted on rows with such orders; the trainer now runs the largest micro-batch first, and the plan is refitted when
 rows measured that way are in → the order the run had."""
