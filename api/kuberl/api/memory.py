@@ -78,8 +78,10 @@ freed pieces the next micro-batch's tensors split. Fitted on the three colocated
 card, tests/bench/test_plan_measured.py): llama 1.14B at 23,552 tokens with a 1.24 GiB head (74.65 GiB; ratio 0.44,
 plan 1.001x), SmolLM2 at 60,416 tokens with the same head (45.22 GiB; 1.098x), Qwen2-0.5B at 38,912 tokens with its
 152k vocabulary's 3.83 GiB head (78.98 GiB with no allocation retried, so need and not cache kept because the card had
-room; ratio 0.63, 1.002x, 0.5 GiB under the card). Two head sizes measured: a fit, not a law, until
-perf/max_inactive_split_gb shows where Qwen2's reserve lies."""
+room; ratio 0.63, 1.002x, 0.5 GiB under the card). Two head sizes measured: a fit, not a law. Every row of this fit
+and of :data:`TOKEN_BUDGET_RESERVE` ran a step's micro-batches by first row, some larger after smaller, which
+reserved new segments (bench/micro_batch_order.py); the trainer runs the largest first since (an H200 row that
+happened to: 3.5 GiB beyond allocated, 3.35 of it split pieces). Both stay, high, until rows run that way refit them."""
 CPU_TOKEN_BUDGET = 16384
 """The token budget where no GPU memory bounds it (CPU runs) or the GPU is unknown (maxTokenLenPerGPU's default
 before it was planned)."""
