@@ -7,7 +7,9 @@ Every file in bench/results is either read here or listed in NO_MEMORY_PEAK with
   (NVML, every process) with its RLJob, less what the idle card held before the side started (~0.5 GiB); one GPU, so
   a separate rollout is the shared layout. A side that started on a card another process held (the benchmarks now
   refuse to start one) is listed: in STEADY_NEIGHBOUR when that process held the same memory throughout (the card
-  less what it held before is still the side's own), in BUSY_AT_START, unchecked, when it did not;
+  less what it held before is still the side's own), in BUSY_AT_START, unchecked, when it did not. A side whose
+  allocator reserve the order of its run's micro-batches set is listed in ORDER_SET_THE_RESERVE, a strict expected
+  failure;
 - plan_accuracy_*.json: the two earlier NVML peaks, whose RLJobs are written out below from what the files record;
 - actor_mfu.json, actor_mfu_profiled.json: the actor update alone, PyTorch's allocated peak against the plan's
   allocated figure for the update;
@@ -249,6 +251,11 @@ def test_the_same_runs_fit_an_h100_with_the_budget_left_out(separate: bool) -> N
     plan = _plan(Measured("", spec, "shape:llama-1.1b", "H100-80GB", 0.0, "device"))
     assert plan.fits and plan.token_budget_chosen and plan.token_budget is not None
     assert plan.token_budget >= 512 and plan.peak_gib <= 0.9 * plan.gpu_gib
+
+
+def test_every_listed_side_is_a_measured_row() -> None:
+    rows = {row.source for row in measured_rows()}
+    assert not set(ORDER_SET_THE_RESERVE) - rows, "ORDER_SET_THE_RESERVE names a side no result file has"
 
 
 def test_every_result_file_is_checked_or_says_why_not() -> None:
