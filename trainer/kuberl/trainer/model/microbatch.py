@@ -268,11 +268,13 @@ def micro_batches(rows: Rows, *, micro_batch_size: int | None, max_tokens: int |
     """Row indices of each micro-batch, largest first (:func:`largest_first`): fixed-size when
     ``micro_batch_size`` is set, else by the token budget."""
     if micro_batch_size is not None:
-        return largest_first(rows, split_fixed(num_rows(rows), micro_batch_size))
-    if max_tokens is None:
+        bins = split_fixed(num_rows(rows), micro_batch_size)
+    elif max_tokens is None:
         raise ValueError("set either micro_batch_size or max_tokens")
-    prompt_len, response_len = lengths(rows)
-    return largest_first(rows, split_by_tokens(prompt_len.tolist(), response_len.tolist(), max_tokens))
+    else:
+        prompt_len, response_len = lengths(rows)
+        bins = split_by_tokens(prompt_len.tolist(), response_len.tolist(), max_tokens)
+    return largest_first(rows, bins)
 
 
 def shard_mini_batches(rows: Rows, *, mini_batch_rows: int, dp: int) -> list[list[Rows]]:
