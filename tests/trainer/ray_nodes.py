@@ -94,8 +94,16 @@ class RayNodes:
         return True
 
     def add_rollout_node(self, cpus: int = 1) -> subprocess.Popen[bytes]:
-        """One rollout pod: a node of ``cpus`` CPUs (one: one CPU engine) labelled as the rollout pool."""
-        return self.start(f"--address={self.address}", f"--num-cpus={cpus}", f"--labels={POOL_LABEL}={ROLLOUT_POOL}")
+        """One rollout pod: a node of ``cpus`` CPUs (one: one CPU engine) labelled as the rollout pool, with a temp
+        dir of its own as a pod has. Nodes that share one pick their sockets' names by what the folder holds, so two
+        starting together may pick the same one; the raylet that loses fails to bind and its node never comes up."""
+        temp_dir = Path(self.temp_dir) / f"node-{len(self.nodes)}"
+        return self.start(
+            f"--address={self.address}",
+            f"--temp-dir={temp_dir}",
+            f"--num-cpus={cpus}",
+            f"--labels={POOL_LABEL}={ROLLOUT_POOL}",
+        )
 
     def kill(self, node: subprocess.Popen[bytes]) -> None:
         """The pod is gone: every process of the node gets SIGKILL at once."""
