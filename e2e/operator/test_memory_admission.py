@@ -1,6 +1,6 @@
-"""Admission's memory verdict against a real kube-apiserver and a real operator process: the colocated runs of issue
-35 that died for memory on an H100 (tests.api.plan_cases.py), their trainer pool on H100 nodes, end `Failed` before any
-RayJob exists, with the plan `kuberl validate` prints for them; the same runs with the token budget left out are
+"""Admission's memory verdict against a real kube-apiserver and a real operator process: issue 35's colocated run with
+a token budget an H100 cannot hold (tests.api.plan_cases.py), its trainer pool on H100 nodes, ends `Failed` before any
+RayJob exists, with the plan `kuberl validate` prints for it; the same runs with the token budget left out are
 admitted and get their RayJob."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from e2e.operator.process import OperatorProcess
 from e2e.operator.test_operator import Kube, condition, wait_until
 from kuberl.api.documents import check
 from kuberl.api.memory_admission import PLAN_FITS_RULE
-from tests.api.plan_cases import COLOCATED_OOM_UTILIZATIONS, fitting_rljob, oom_rljob
+from tests.api.plan_cases import COLOCATED_UTILIZATIONS, fitting_rljob, too_large_rljob
 
 
 @pytest.fixture(autouse=True)
@@ -28,14 +28,14 @@ def k(kube, namespace: str) -> Kube:
     return Kube(kube, namespace)
 
 
-def test_the_colocated_runs_that_died_on_an_h100_are_refused_before_any_rayjob_with_the_plan(
+def test_colocated_runs_too_large_for_an_h100_are_refused_before_any_rayjob_with_the_plan(
     operator: OperatorProcess, k: Kube
 ) -> None:
     docs = {
-        f"oom-colo-{int(utilization * 10)}": oom_rljob(
-            f"oom-colo-{int(utilization * 10)}", separate=False, utilization=utilization
+        f"oom-colo-{int(utilization * 10)}": too_large_rljob(
+            f"oom-colo-{int(utilization * 10)}", utilization=utilization
         )
-        for utilization in COLOCATED_OOM_UTILIZATIONS
+        for utilization in COLOCATED_UTILIZATIONS
     }
     offline = {name: check(f"{name}.yaml", doc).issues for name, doc in docs.items()}  # kuberl validate's verdict
     for doc in docs.values():

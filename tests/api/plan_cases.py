@@ -1,6 +1,7 @@
-"""RLJobs whose memory admission can plan (model.shape, a GPU in the trainer pool's node selector): the runs of issue
-35 that died for memory on an H100 (their specs: tests/bench/test_plan_measured.py) with the 1.14B llama's shape, on
-H100 nodes.
+"""RLJobs whose memory admission can plan (model.shape, a GPU in the trainer pool's node selector): the benchmark's
+runs of issue 35 (their specs: tests/bench/test_plan_measured.py) with the 1.14B llama's shape, on H100 nodes: those
+that died for memory one step off, a colocated one with a token budget the plan refuses, and both with the budget
+left out.
 
 Shared by the offline tests of the memory verdict (tests/api/test_memory_admission.py) and the operator's
 (e2e/operator/test_memory_admission.py), which assert the same verdict.
@@ -42,16 +43,30 @@ def on_h100(name: str, spec: dict[str, Any], selector: dict[str, str] | None = N
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": {"name": name}, "spec": spec}
 
 
-COLOCATED_OOM_UTILIZATIONS = [utilization for separate, utilization in OOM_CASES if not separate]
-"""The colocated runs of the four: refused on H100 nodes too."""
+COLOCATED_UTILIZATIONS = [utilization for separate, utilization in OOM_CASES if not separate]
+"""vLLM's memory shares of the colocated runs of the four."""
 ONE_STEP_OFF_OOM_UTILIZATIONS = [utilization for separate, utilization in OOM_CASES if separate]
 """The one-step-off runs: they died with the engine on the trainer's card, which a cluster's rollout pool does not
 share; on H100 nodes the trainer alone fits its card."""
+TOO_LARGE_TOKEN_BUDGET = 49152
+"""A token budget whose colocated 1.14B update the plan puts at 97 GiB of an H100's 79.7 (35,840 fits)."""
 
 
 def oom_rljob(name: str, *, separate: bool, utilization: float) -> dict[str, Any]:
     """One of the four runs that died on an H100 (maxTokenLenPerGPU 32768), on H100 nodes."""
     return on_h100(name, oom_spec(separate=separate, utilization=utilization))
+
+
+def too_large_spec(utilization: float = 0.2) -> dict[str, Any]:
+    """The colocated run at :data:`TOO_LARGE_TOKEN_BUDGET`: the job an H100 cannot hold."""
+    spec = oom_spec(separate=False, utilization=utilization)
+    spec["batch"]["dynamicBatchSize"]["maxTokenLenPerGPU"] = TOO_LARGE_TOKEN_BUDGET
+    return spec
+
+
+def too_large_rljob(name: str, *, utilization: float = 0.2) -> dict[str, Any]:
+    """:func:`too_large_spec` on H100 nodes."""
+    return on_h100(name, too_large_spec(utilization))
 
 
 def fitting_rljob(name: str, *, separate: bool) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from kuberl.cli import main
 from kuberl.trainer.model.shape import model_shape
 from kuberl.trainer.plan.layout import ClusterFacts
 from tests.api.cases import BASE
-from tests.api.plan_cases import QWEN2_5_0_5B_SHAPE, oom_rljob
+from tests.api.plan_cases import QWEN2_5_0_5B_SHAPE, too_large_rljob
 
 TINY = "tiny://llama?hidden=64&layers=2&heads=4&kv_heads=2"
 QWEN2_5_0_5B = {
@@ -99,7 +99,7 @@ def test_plan_takes_the_shape_from_model_shape_where_model_path_is_in_the_pods(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "oom.yaml"
-    path.write_text(yaml.safe_dump(oom_rljob("oom", separate=False, utilization=0.2)))  # model.path /model
+    path.write_text(yaml.safe_dump(too_large_rljob("oom")))  # model.path /model
     assert main(["plan", str(path)]) == 1  # the plan, not admission's refusal that quotes it
     out = capsys.readouterr().out
     assert out.startswith("RLJob oom on 1 × H100-80GB") and "does NOT fit" in out

@@ -22,7 +22,7 @@ Everything that shares a trainer GPU is counted, as the device reports it (NVML,
   with the rollout on GPUs of its own (`pools`, `disjoint`) the engine is on its card and counted there.
 
 The constants come from NVML peaks measured on one H100 and one H200 (each constant says which); the table in
-`tests/api/test_memory_measured.py` holds every committed measurement the plan is checked against.
+`tests/bench/test_plan_measured.py` reads every committed measurement the plan is checked against.
 """
 
 from __future__ import annotations
@@ -69,19 +69,17 @@ size, so freed blocks mostly fit the next) and the engine runs in a process of i
 step's temporaries (which the few freed blocks do not hold: they are reserved anew). The largest of the benchmark
 rows (NVML peaks less the card's use before the run, tests/bench/test_plan_measured.py): llama 1.1B one step off on
 an H100, 0.14 (0.58 without the optimizer term, where SmolLM2's rows reserved 0.08–0.14: the term is what the larger
-model adds); SmolLM2 one step off and async, 0.05–0.11."""
-COLOCATED_TOKEN_BUDGET_RESERVE = 0.352
-COLOCATED_RESERVE_PER_HEAD_GIB = 0.072
+model adds); SmolLM2 one step off and async, 0.05–0.11. Qwen2-0.5B one step off on an H100 needs 0.10 run largest
+first and peaked to the MiB as its run by first row had (its micro-batches near equal, the small one last); the llama
+1.1B row has not been rerun largest first."""
+COLOCATED_TOKEN_BUDGET_RESERVE = 0.035
 """The same with the engine in the trainer's process (its weights and KV cache woken and put to sleep between the
-updates): a ratio that grows by this much per GiB of the head's float32 chunks, the update's largest blocks, whose
-freed pieces the next micro-batch's tensors split. Fitted on the three colocated H100 rows (NVML peak above the idle
-card, tests/bench/test_plan_measured.py): llama 1.14B at 23,552 tokens with a 1.24 GiB head (74.65 GiB; ratio 0.44,
-plan 1.001x), SmolLM2 at 60,416 tokens with the same head (45.22 GiB; 1.098x), Qwen2-0.5B at 38,912 tokens with its
-152k vocabulary's 3.83 GiB head (78.98 GiB with no allocation retried, so need and not cache kept because the card had
-room; ratio 0.63, 1.002x, 0.5 GiB under the card). Two head sizes measured: a fit, not a law. Every row of this fit
-and of :data:`TOKEN_BUDGET_RESERVE` ran a step's micro-batches by first row, some larger after smaller, which
-reserved new segments (bench/micro_batch_order.py); the trainer runs the largest first since (an H200 row that
-happened to: 3.5 GiB beyond allocated, 3.35 of it split pieces). Both stay, high, until rows run that way refit them."""
+updates). Fitted on the colocated rows whose steps ran their largest micro-batch first (NVML peak above the idle card,
+tests/bench/test_plan_measured.py): Qwen2-0.5B at 38,912 tokens on an H100 (54.77 GiB, ratio 0.030), SmolLM2 with
+75,319-token micro-batches on an H100 (44.46 GiB, 0.030) and Qwen2-0.5B at 68,608 tokens on an H200 (81.61 GiB, none
+needed): one ratio for both head sizes. The same Qwen2-0.5B job run by first row, a 9.8k-token micro-batch before a
+38.9k one, reserved 24 GiB more (ratio 0.62): the order, not the head, set the ratio the plan took before the trainer
+ran the largest first (docs/performance.md)."""
 CPU_TOKEN_BUDGET = 16384
 """The token budget where no GPU memory bounds it (CPU runs) or the GPU is unknown (maxTokenLenPerGPU's default
 before it was planned)."""
@@ -388,18 +386,13 @@ class _Update:
     allocated: float
 
 
-def allocator_reserve_gib(
-    spec: RLJobSpec, layout: Layout, activations_gib: float, head_gib: float, optimizer_step_gib: float
-) -> float:
-    """Reserved but free GiB around a micro-batch's ``activations_gib`` (its head's, ``head_gib``, included) under
+def allocator_reserve_gib(spec: RLJobSpec, layout: Layout, activations_gib: float, optimizer_step_gib: float) -> float:
+    """Reserved but free GiB around a micro-batch's ``activations_gib`` (its head's included) under
     ``spec``'s micro-batching on ``layout``; a token budget's also holds the optimizer step's temporaries (a fixed row
     count's 1.15 x held them in both models measured)."""
     if not spec.batch.dynamic_batch_size.enabled:
         return ALLOCATOR_RESERVE * activations_gib
-    if layout == "colocated":
-        ratio = COLOCATED_TOKEN_BUDGET_RESERVE + COLOCATED_RESERVE_PER_HEAD_GIB * head_gib
-    else:
-        ratio = TOKEN_BUDGET_RESERVE
+    ratio = COLOCATED_TOKEN_BUDGET_RESERVE if layout == "colocated" else TOKEN_BUDGET_RESERVE
     return ratio * activations_gib + optimizer_step_gib
 
 
@@ -424,7 +417,7 @@ def _update(
     state = actor.params + actor.grads + max(actor.optimizer, actor.optimizer_step)
     others = sum(r.resident for r in roles[1:])
     allocated = state + others + activations + head + gathered
-    reserve = allocator_reserve_gib(spec, layout, activations + head, head, actor.optimizer_step)
+    reserve = allocator_reserve_gib(spec, layout, activations + head, actor.optimizer_step)
     return _Update(activations, head, gathered, reserve, allocated)
 
 
@@ -590,7 +583,7 @@ def _advice(spec: RLJobSpec, plan: MemoryPlan, seq: int, fits_at: Callable[..., 
         advice.append(f"batch.ppoMicroBatchSizePerGPU: {plan.largest_micro_batch} fits")
     if train_over and not plan.gradient_checkpointing:
         fewer = plan.activations_without_checkpointing_gib - plan.activations_with_checkpointing_gib
-        saved = fewer + allocator_reserve_gib(spec, plan.layout, fewer, plan.head_gib, 0.0)
+        saved = fewer + allocator_reserve_gib(spec, plan.layout, fewer, 0.0)
         works = fits_at(plan.token_budget or seq, True)
         advice.append(f"model.gradientCheckpointing: true saves {saved:.1f} GiB" + (" and fits" if works else ""))
     actor = plan.roles[0]
