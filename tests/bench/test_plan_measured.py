@@ -13,8 +13,9 @@ Every file in bench/results is either read here or listed in NO_MEMORY_PEAK with
 - plan_accuracy_*.json: the two earlier NVML peaks, whose RLJobs are written out below from what the files record;
 - actor_mfu.json, actor_mfu_profiled.json: the actor update alone, PyTorch's allocated peak against the plan's
   allocated figure for the update;
-- oom_h100_llama-1.1b.json: the runs that died on an H100, which the plan must refuse (those whose cause the trainer
-  has since removed are listed in CAUSE_REMOVED, strict expected failures).
+- oom_h100_llama-1.1b.json: the runs that died on an H100, which the plan must refuse, but for those that died of
+  something the trainer no longer does (RUN_SINCE): the plan says they fit, and the same job has run on an H100
+  since.
 """
 
 from __future__ import annotations
@@ -100,13 +101,13 @@ ORDER_SET_THE_RESERVE = {
 larger in some step (bench/micro_batch_order.py rebuilds the order where every response ran to the limit,
 docs/performance.md): the larger one reserved segments of its own. The plan's token-budget reserves are fitted on
 rows run largest first, as the trainer runs them now → what set the row's reserve."""
-CAUSE_REMOVED = {
-    False: "both colocated runs died when the engine woke its weights for the sync after step 1, on the update's "
-    "cached blocks; the trainer has since emptied its cache before the wake (1e0fcaf) and runs the largest "
-    "micro-batch first. Today's plan: 74.2 GiB at the update, 17.5 at the sync; not yet run on an H100",
+RUN_SINCE = {
+    False: "grpo_vs_verl_llama1b_h100_largest_first.json",
 }
-"""Runs of oom_h100_llama-1.1b.json (by `separate`) that died of something the trainer no longer does, which the plan
-now says fit → what removed the cause."""
+"""Runs of oom_h100_llama-1.1b.json (by `separate`) that died of something the trainer no longer does → the result
+whose kuberl side ran the same job on an H100 since. The colocated runs died when the engine woke its weights for
+the sync after step 1, on the update's cached blocks; the trainer now empties its cache before the wake (1e0fcaf)
+and runs the largest micro-batch first, and the same job at the plan's budget synced after every step."""
 
 
 @dataclass(frozen=True)
@@ -261,15 +262,7 @@ def test_the_plan_is_within_ten_percent_above_the_measured_peak(row: Measured) -
     assert row.what != "device" or plan.fits, "the run fitted, the plan must say so"
 
 
-@pytest.mark.parametrize(
-    ("separate", "utilization"),
-    [
-        pytest.param(separate, utilization, marks=pytest.mark.xfail(strict=True, reason=CAUSE_REMOVED[separate]))
-        if separate in CAUSE_REMOVED
-        else (separate, utilization)
-        for separate, utilization in OOM_CASES
-    ],
-)
+@pytest.mark.parametrize(("separate", "utilization"), [case for case in OOM_CASES if case[0] not in RUN_SINCE])
 def test_the_runs_that_died_on_an_h100_are_refused(separate: bool, utilization: float) -> None:
     oom = _load("oom_h100_llama-1.1b.json")
     spec = oom_spec(separate=separate, utilization=utilization)
@@ -278,6 +271,21 @@ def test_the_runs_that_died_on_an_h100_are_refused(separate: bool, utilization: 
     assert not plan.fits
     died_at = sum(oom["runs"][1]["process_gib_at_death"].values())
     assert plan.peak_gib > died_at and plan.peak_gib > plan.gpu_gib
+
+
+@pytest.mark.parametrize(("separate", "utilization"), [case for case in OOM_CASES if case[0] in RUN_SINCE])
+def test_the_runs_that_died_of_a_removed_cause_fit_and_have_run_since(separate: bool, utilization: float) -> None:
+    oom = _load("oom_h100_llama-1.1b.json")
+    spec = oom_spec(separate=separate, utilization=utilization)
+    plan = _plan(Measured("", spec, oom["model"], oom["device"], 0.0, "device"))
+    since = _load(RUN_SINCE[separate])
+    side = since["kuberl"]
+    assert (since["model"], since["device"], side["exit_code"]) == (oom["model"], oom["device"], 0)
+    assert side["placement"] == ("separate" if separate else "colocated")
+    assert [step["breakdown_s"]["sync"] > 0 for step in side["steps"]] == [True] * since["settings"]["steps"]
+    assert side["plan"]["token_budget"] <= spec["batch"]["dynamicBatchSize"]["maxTokenLenPerGPU"]
+    ran_at = side["nvml"]["device_peak_gib"] - side["nvml"]["device_before_gib"]
+    assert plan.fits and ran_at <= plan.peak_gib <= plan.gpu_gib
 
 
 @pytest.mark.parametrize("separate", [False, True], ids=["colocated", "one-step-off"])
