@@ -5,6 +5,7 @@ again ends the entrypoint with EXIT_PERMANENT, naming the folder and what to do.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -109,13 +110,13 @@ def test_a_disk_that_fills_during_the_run_exits_permanent_at_the_save(tmp_path: 
     proc = start_in_session(entrypoint_command(spec_file, tmp_path))
     try:
         wait_for_checkpoint(folder, proc)
-        with open(root / "filler", "wb") as filler:  # another writer takes the rest of the volume
-            try:
+        try:  # another writer takes the rest of the volume, unless the trainer's next save already has
+            with open(root / "filler", "wb") as filler:
                 while True:
                     filler.write(bytes(1 << 16))
                     filler.flush()
-            except OSError:
-                pass
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
         output, _ = proc.communicate(timeout=400)
     finally:
         if proc.poll() is None:
